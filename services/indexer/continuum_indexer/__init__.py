@@ -1,0 +1,1 @@
+"""continuum_indexer: the KV index writer (JetStream -> Redis)."""

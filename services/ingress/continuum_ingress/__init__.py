@@ -1,0 +1,1 @@
+"""continuum_ingress: the OpenAI/Anthropic-compatible front door (`continuum-router serve`)."""

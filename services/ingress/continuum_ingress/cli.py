@@ -1,0 +1,77 @@
+"""`continuum-router` (alias `continuum`): the product's command line.
+
+Thin by design: it parses arguments and hands over to the module that owns each command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from continuum_common.config import load_listener_config, load_router_config, read_yaml, router_warnings
+from continuum_common.errors import ConfigError
+
+
+def _cmd_config_validate(args: argparse.Namespace) -> int:
+    """Exit 0 (warnings on stderr) or 1 with every error and its dotted path."""
+    try:
+        kind = args.kind
+        if kind == "auto":
+            # The listener's file is the only one with a top-level `sources` list.
+            kind = "listener" if "sources" in read_yaml(args.file) else "router"
+        if kind == "listener":
+            load_listener_config(args.file)
+            warnings: list[str] = []
+        else:
+            warnings = router_warnings(load_router_config(args.file))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"{args.file}: OK ({kind} configuration)")
+    return 0
+
+
+def _not_implemented(name: str) -> int:
+    print(f"continuum-router {name}: not implemented yet", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="continuum-router", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    config = sub.add_parser("config", help="work with configuration files")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    validate = config_sub.add_parser("validate", help="validate a router configuration file")
+    validate.add_argument("file")
+    validate.add_argument(
+        "--kind", choices=("auto", "router", "listener"), default="auto", help="which schema (default: detect)"
+    )
+    validate.set_defaults(func=_cmd_config_validate)
+
+    serve = sub.add_parser("serve", help="run the ingress HTTP server")
+    serve.add_argument("--config", "-c")
+    serve.set_defaults(func=lambda _a: _not_implemented("serve"))
+
+    up = sub.add_parser("up", help="run the whole product on this machine")
+    up.add_argument("--config", "-c")
+    up.add_argument("--demo", action="store_true")
+    up.set_defaults(func=lambda _a: _not_implemented("up"))
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=lambda _a: _not_implemented("bench"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

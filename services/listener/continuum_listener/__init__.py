@@ -1,0 +1,1 @@
+"""continuum_listener: engine KV events -> NATS JetStream."""

@@ -1,0 +1,1 @@
+"""continuum_sim: a simulated vLLM engine."""
