@@ -5,6 +5,7 @@ from __future__ import annotations
 import nats
 import pytest
 import redis.asyncio as aioredis
+
 from continuum_common.errors import HarnessError
 from continuum_common.procs import NatsServer, RedisServer, find_binary
 

@@ -8,6 +8,9 @@ import json
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from continuum_common.hashing import (
     DOCUMENTED_OUTPUT_FIELDS,
     CacheKeyError,
@@ -16,8 +19,6 @@ from continuum_common.hashing import (
     response_cache_key,
     truncate_utf8,
 )
-from hypothesis import given
-from hypothesis import strategies as st
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

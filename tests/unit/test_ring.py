@@ -7,9 +7,10 @@ import math
 from collections import Counter
 
 import pytest
-from continuum_common.ring import HashRing, RouteLabel, load_bound
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from continuum_common.ring import HashRing, RouteLabel, load_bound
 
 
 def key(i: int) -> bytes:
