@@ -142,6 +142,22 @@ class EventSource(Section):
         return self
 
 
+class SaltEcho(Section):
+    """Salt echo (continuum_common.salt): the ingress sends vLLM/TRT-LLM backends a `cache_salt`
+    carrying an HMAC-authenticated prefix key so the listener can map chains without
+    detokenizing. The secret must equal the listener's `salt` secret."""
+
+    enabled: bool = False
+    secret_env: str | None = None
+    secret_file: str | None = None
+
+    @model_validator(mode="after")
+    def _needs_secret(self) -> Self:
+        if self.enabled and not (self.secret_env or self.secret_file):
+            raise ValueError("@secret_env: salt echo is enabled but no secret_env or secret_file is set")
+        return self
+
+
 class KvCacheIndex(Section):
     enabled: bool = False
     backend: Literal["memory", "redis"] = "memory"
@@ -153,6 +169,7 @@ class KvCacheIndex(Section):
     speculative_ttl_ms: int = Field(2000, ge=0, le=60_000)
     scoring: Scoring = Scoring()
     storage_offloading: StorageOffloading = StorageOffloading()
+    salt_echo: SaltEcho = SaltEcho()
     event_sources: list[EventSource] = []
 
     @model_validator(mode="after")
