@@ -1,0 +1,1 @@
+"""I/O adapters: the only modules that hold HTTP clients (httpx) and talk to backends."""

@@ -1,0 +1,323 @@
+"""Forwarding one client request to a backend.
+
+* One attempt per selection; on a connect failure (or a network error before any response
+  byte) or a 5xx answer, ONE retry on the next candidate (the failed backend excluded). A read
+  timeout is not retried (the generation may simply be slow; repeating it doubles the load)
+  and nothing is retried once the upstream answered with a status below 500.
+* Non-streamed answers are read whole and sent with a Content-Length. Streams are passed
+  through chunk by chunk as httpx yields them off the socket (`aiter_raw`: no decoding, no
+  re-chunking, no added buffer); an upstream failure mid-stream ends the stream with an
+  in-band provider-shaped error event, since the status line is long gone.
+* The pool's live state (in-flight, EWMA latency, success window, circuit breaker) is updated
+  for every attempt; a cancelled request (client gone) closes the upstream response, which
+  closes the upstream connection and makes vLLM abort the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from continuum_common.config import Backend
+from continuum_ingress.adapters.dialects import ResponseTranslator, UpstreamDialect, join_url
+from continuum_ingress.adapters.upstream import UpstreamClient
+from continuum_ingress.asgi import Channel
+from continuum_ingress.errors import NoBackend, RequestError
+from continuum_ingress.hooks import BodyRewriter, CacheLookup, ResponseRecorder
+from continuum_ingress.metrics import IngressMetrics
+from continuum_ingress.pipeline import SelectionPipeline
+from continuum_ingress.pool import BackendState
+from continuum_ingress.protocol.errors import stream_error_event
+from continuum_ingress.snapshot import RouterSnapshot
+from continuum_ingress.state import RequestState
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 2  # the first try and one retry
+MAX_ERROR_BODY = 64 * 1024  # how much of an upstream 5xx body is read before it is dropped
+_DROP_HEADERS = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"date",
+        b"server",
+    }
+)
+_RETRYABLE_NETWORK = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+)
+
+
+class _Retryable(Exception):
+    def __init__(self, error: RequestError, reason: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reason = reason
+
+
+def response_headers(upstream: httpx.Headers, state: RequestState, backend: str) -> list[tuple[bytes, bytes]]:
+    out = [(k, v) for k, v in upstream.raw if k.lower() not in _DROP_HEADERS]
+    out.append((b"x-continuum-backend", backend.encode()))
+    out.append((b"x-request-id", state.request_id.encode()))
+    if state.cache_status is not None:
+        out.append((b"x-cache", state.cache_status.upper().encode()))
+    return out
+
+
+class Forwarder:
+    def __init__(
+        self,
+        pipeline: SelectionPipeline,
+        metrics: IngressMetrics,
+        dialects: Mapping[str, UpstreamDialect],
+        rewriters: Sequence[BodyRewriter] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self.dialects = dialects
+        self.rewriters = tuple(rewriters)
+        self.clock = clock
+
+    async def forward(
+        self, state: RequestState, snapshot: RouterSnapshot, channel: Channel, lookup: CacheLookup
+    ) -> None:
+        """Serve the request from a backend; raises RequestError only before the response began."""
+        last: RequestError | None = None
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                backend = await self.pipeline.choose(state, snapshot, state.attempts)
+            except NoBackend:
+                if last is not None:
+                    raise last from None
+                raise
+            state.attempts.append(backend.name)
+            try:
+                await self._attempt(state, snapshot, backend, channel, lookup)
+                return
+            except _Retryable as exc:
+                last = exc.error
+                if len(state.attempts) < MAX_ATTEMPTS:
+                    self.metrics.retry(exc.reason)
+                    log.info("retrying on another backend: %s (request %s)", exc.error.message, state.request_id)
+        assert last is not None
+        raise last
+
+    async def _body(self, state: RequestState, snapshot: RouterSnapshot, spec: Backend) -> dict[str, Any] | None:
+        body = state.request.body
+        changed = False
+        for rewriter in self.rewriters:
+            new = await rewriter.rewrite(state, snapshot, spec, body)
+            if new is not None:
+                body, changed = new, True
+        return body if changed else None
+
+    async def _attempt(
+        self,
+        state: RequestState,
+        snapshot: RouterSnapshot,
+        backend: BackendState,
+        channel: Channel,
+        lookup: CacheLookup,
+    ) -> None:
+        spec = snapshot.backends[backend.name]
+        dialect = self.dialects[spec.type]
+        client: UpstreamClient = snapshot.clients[spec.name]
+        content = dialect.encode(state.api, await self._body(state, snapshot, spec), state.raw)
+        request = client.http.build_request(
+            "POST",
+            join_url(spec.url, dialect.path(state.api)),
+            content=content,
+            headers=dialect.headers(state.api, snapshot.api_keys.get(spec.name), state.client),
+        )
+        start = self.clock()
+        backend.begin(start)
+        try:
+            response = await self._send(client, request, backend)
+            try:
+                if response.status_code >= 500:
+                    await self._drop(response)
+                    backend.record_failure(self.clock())
+                    self.metrics.backend(backend.name, "server_error")
+                    raise _Retryable(
+                        RequestError(
+                            502,
+                            f"Backend '{backend.name}' answered HTTP {response.status_code}.",
+                            kind="bad_gateway",
+                            code="backend_error",
+                        ),
+                        "server_error",
+                    )
+                backend.record_success(self.clock() - start)
+                translator = dialect.translator(state.api, state.stream)
+                recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status == "miss" else None
+                if state.stream and response.status_code < 300:
+                    await self._stream(
+                        state,
+                        backend=backend,
+                        response=response,
+                        channel=channel,
+                        translator=translator,
+                        recorder=recorder,
+                    )
+                else:
+                    await self._whole(
+                        state,
+                        backend=backend,
+                        response=response,
+                        channel=channel,
+                        translator=translator,
+                        recorder=recorder,
+                    )
+            finally:
+                await response.aclose()
+        except asyncio.CancelledError:
+            # Client gone (or shutdown): no verdict on the backend, and free a half-open trial.
+            backend.record_abandon(self.clock())
+            self.metrics.backend(backend.name, "cancelled")
+            raise
+        finally:
+            backend.finish()
+
+    async def _send(self, client: UpstreamClient, request: httpx.Request, backend: BackendState) -> httpx.Response:
+        try:
+            return await client.http.send(request, stream=True)
+        except (httpx.ReadTimeout, httpx.WriteTimeout):
+            backend.record_failure(self.clock())
+            self.metrics.backend(backend.name, "timeout")
+            raise RequestError(
+                504, f"Backend '{backend.name}' did not answer in time.", kind="timeout", code="backend_timeout"
+            ) from None
+        except _RETRYABLE_NETWORK as exc:
+            backend.record_failure(self.clock())
+            self.metrics.backend(backend.name, "connect_error")
+            raise _Retryable(
+                RequestError(
+                    502,
+                    f"Could not reach backend '{backend.name}' ({type(exc).__name__}).",
+                    kind="bad_gateway",
+                    code="backend_unreachable",
+                ),
+                "connect_error",
+            ) from None
+        except httpx.HTTPError as exc:
+            backend.record_failure(self.clock())
+            self.metrics.backend(backend.name, "connect_error")
+            raise RequestError(
+                502, f"Backend '{backend.name}' failed: {type(exc).__name__}.", kind="bad_gateway", code="backend_error"
+            ) from None
+
+    @staticmethod
+    async def _drop(response: httpx.Response) -> None:
+        seen = 0
+        try:
+            async for chunk in response.aiter_raw():
+                seen += len(chunk)
+                if seen > MAX_ERROR_BODY:
+                    break
+        except httpx.HTTPError:
+            pass
+
+    async def _whole(
+        self,
+        state: RequestState,
+        *,
+        backend: BackendState,
+        response: httpx.Response,
+        channel: Channel,
+        translator: ResponseTranslator | None,
+        recorder: ResponseRecorder | None,
+    ) -> None:
+        try:
+            chunks = [chunk async for chunk in response.aiter_raw()]
+        except httpx.TimeoutException:
+            backend.record_failure(self.clock())
+            self.metrics.backend(backend.name, "timeout")
+            raise RequestError(
+                504, f"Backend '{backend.name}' stopped answering.", kind="timeout", code="backend_timeout"
+            ) from None
+        except httpx.HTTPError as exc:
+            backend.record_failure(self.clock())
+            self.metrics.backend(backend.name, "stream_error")
+            raise RequestError(
+                502,
+                f"Backend '{backend.name}' broke off its answer ({type(exc).__name__}).",
+                kind="bad_gateway",
+                code="backend_error",
+            ) from None
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if translator is not None:
+            data = translator.body(data)
+        status = response.status_code
+        self.metrics.backend(backend.name, "success" if status < 400 else "client_error")
+        await channel.whole(status, response_headers(response.headers, state, backend.name), data)
+        if recorder is not None:
+            if status < 300:
+                recorder.feed(data)
+                await recorder.commit(
+                    status, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw]
+                )
+            else:
+                recorder.abort()
+
+    async def _stream(
+        self,
+        state: RequestState,
+        *,
+        backend: BackendState,
+        response: httpx.Response,
+        channel: Channel,
+        translator: ResponseTranslator | None,
+        recorder: ResponseRecorder | None,
+    ) -> None:
+        headers = response_headers(response.headers, state, backend.name)
+        headers.append((b"x-accel-buffering", b"no"))
+        await channel.start(response.status_code, headers)
+        try:
+            async for raw in response.aiter_raw():
+                chunk = raw if translator is None else translator.chunk(raw)
+                if not chunk:
+                    continue
+                if recorder is not None:
+                    recorder.feed(chunk)
+                await channel.body(chunk, more=True)
+            if translator is not None and (tail := translator.end()):
+                await channel.body(tail, more=True)
+        except httpx.HTTPError as exc:
+            backend.record_failure(self.clock())
+            self.metrics.backend(backend.name, "stream_error")
+            log.warning(
+                "backend %s broke off a stream: %s (request %s)", backend.name, type(exc).__name__, state.request_id
+            )
+            if recorder is not None:
+                recorder.abort()
+            message = f"Backend '{backend.name}' broke off the stream ({type(exc).__name__})."
+            await channel.body(stream_error_event(state.api.error_style, message), more=True)
+            await channel.body(b"")
+            return
+        except BaseException:
+            if recorder is not None:
+                recorder.abort()
+            raise
+        await channel.body(b"")
+        self.metrics.backend(backend.name, "success")
+        if recorder is not None:
+            await recorder.commit(
+                response.status_code, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw]
+            )

@@ -1,0 +1,168 @@
+"""Composition root of the ingress: builds every object, owns the lifespan TaskGroup
+(config watcher, health checker, maintenance) and the shutdown.
+
+    app = IngressApp("config.yaml")            # or a RouterConfig
+    uvicorn.run(app.asgi, ...)                 # or continuum_ingress.server.serve()
+
+Seams for other components are constructor arguments: `response_cache` (Tier 2/3 hook),
+`scorer` (Tier 4 BackendScorer), `rewriters` (per-attempt body rewrites), `dialects` (per
+backend-type upstream dialects) and `extra_admin_routes` (mounted under /admin, behind auth).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, Route, Router
+
+from continuum_common.config import RouterConfig
+from continuum_common.config.secrets import read_secret
+from continuum_ingress.adapters.dialects import UpstreamDialect, default_dialects
+from continuum_ingress.adapters.forward import Forwarder
+from continuum_ingress.adapters.health import HealthChecker
+from continuum_ingress.adapters.upstream import ClientSet
+from continuum_ingress.admin import AdminAuth, AdminEndpoints
+from continuum_ingress.config import ConfigHolder
+from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
+from continuum_ingress.errors import RequestError
+from continuum_ingress.hooks import BodyRewriter, ResponseCacheHook
+from continuum_ingress.metrics import IngressMetrics
+from continuum_ingress.pipeline import SelectionPipeline
+from continuum_ingress.policy.scorer import BackendScorer
+from continuum_ingress.pool import BackendPool
+from continuum_ingress.protocol.apis import CLIENT_PATHS
+from continuum_ingress.protocol.errors import ErrorStyle, error_body
+from continuum_ingress.rewriters import AnthropicCacheControl, SaltEcho
+from continuum_ingress.snapshot import SnapshotFactory
+
+log = logging.getLogger(__name__)
+
+MAINTENANCE_INTERVAL_S = 1.0
+
+
+class IngressApp:
+    def __init__(
+        self,
+        config: str | Path | RouterConfig,
+        *,
+        response_cache: ResponseCacheHook | None = None,
+        scorer: BackendScorer | None = None,
+        rewriters: Sequence[BodyRewriter] = (),
+        dialects: Mapping[str, UpstreamDialect] | None = None,
+        extra_admin_routes: Sequence[BaseRoute] = (),
+        reload_interval: float = 1.0,
+        health_tick: float = 0.1,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = BackendPool()
+        self.clients = ClientSet()
+        self.dialects = dict(dialects or default_dialects())
+        factory = SnapshotFactory(self.pool, self.clients, self.dialects, rng)
+        self.metrics = IngressMetrics(self.pool)
+        # Raises ConfigError (with every problem) on a bad file or an unreadable secret.
+        self.holder = ConfigHolder(config, factory.build)
+        self.holder.on_reload.append(self.metrics.reload)
+        self.reload_interval = reload_interval
+        self.pipeline = SelectionPipeline(
+            self.pool, self.metrics, response_cache=response_cache, scorer=scorer, clock=clock
+        )
+        builtin: list[BodyRewriter] = [AnthropicCacheControl(self.metrics)]
+        salt = self.holder.current.config.kv_cache_index.salt_echo
+        if salt.enabled:
+            # Read once at start: kv_cache_index is a restart-only section.
+            secret = read_secret(salt.secret_env, salt.secret_file, what="kv_cache_index.salt_echo.secret")
+            assert secret is not None  # the schema requires a source when enabled
+            builtin.append(SaltEcho(secret.encode(), self.metrics))
+        self.forwarder = Forwarder(self.pipeline, self.metrics, self.dialects, [*builtin, *rewriters], clock)
+        self.health = HealthChecker(self.holder, self.pool, clock, tick=health_tick)
+        self.ready = False
+        self.asgi = self._build_asgi(extra_admin_routes)
+
+    def _build_asgi(self, extra_admin_routes: Sequence[BaseRoute]) -> FastAPI:
+        app = FastAPI(
+            title="Continuum router",
+            docs_url=None,
+            redoc_url=None,
+            openapi_url=None,
+            lifespan=self.lifespan,
+        )
+        for path, api in CLIENT_PATHS.items():
+            endpoint = ForwardEndpoint(
+                api, holder=self.holder, pipeline=self.pipeline, forwarder=self.forwarder, metrics=self.metrics
+            )
+            app.router.routes.append(Route(path, endpoint, methods=["POST"]))
+        info = InfoEndpoints(self.holder, self.pool, self.metrics, lambda: self.ready)
+        app.router.routes.append(Route("/v1/models", info.models, methods=["GET"]))
+        app.router.routes.append(Route("/healthz", info.healthz, methods=["GET"]))
+        app.router.routes.append(Route("/readyz", info.readyz, methods=["GET"]))
+        app.router.routes.append(Route("/metrics", info.prometheus, methods=["GET"]))
+        admin = AdminEndpoints(self.holder, self.pool, self.metrics)
+        admin_router = Router(routes=[*admin.routes(), *extra_admin_routes])
+        app.router.routes.append(Mount("/admin", app=AdminAuth(admin_router, self.holder)))
+        app.add_exception_handler(StarletteHTTPException, _http_error)
+        return app
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: object) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tasks:
+            if self.holder.path is not None and self.reload_interval > 0:
+                tasks.create_task(self.holder.watch(stop, self.reload_interval))
+            tasks.create_task(self.health.run(stop))
+            tasks.create_task(self._maintenance(stop))
+            self.ready = True
+            log.info("ingress ready: %d backend(s)", len(self.holder.current.backends))
+            try:
+                yield
+            finally:
+                self.ready = False
+                stop.set()
+        await self.clients.aclose()
+        log.info("ingress stopped")
+
+    async def _maintenance(self, stop: asyncio.Event) -> None:
+        """Close HTTP clients that hot reloads retired once no request can use them."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), MAINTENANCE_INTERVAL_S)
+            except TimeoutError:
+                pass
+            try:
+                self.holder.retired_idle()
+                await self.clients.close_unused(s.clients for s in self.holder.live_snapshots())
+            except Exception:
+                log.exception("maintenance round failed")
+
+    def reload(self) -> bool:
+        return self.holder.reload()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """404/405 and other routing errors in the provider shape of the path."""
+    assert isinstance(exc, StarletteHTTPException)
+    style = ErrorStyle.ANTHROPIC if request.url.path.startswith("/anthropic/") else ErrorStyle.OPENAI
+    kind = {404: "not_found", 405: "method"}.get(exc.status_code, "invalid_request")
+    message = {
+        404: f"Unknown path {request.url.path}.",
+        405: f"Method {request.method} is not allowed on {request.url.path}.",
+    }.get(exc.status_code, str(exc.detail))
+    error = RequestError(exc.status_code, message, kind=kind, code="unknown_url" if exc.status_code == 404 else None)
+    return Response(
+        error_body(style, error, ""), status_code=exc.status_code, media_type="application/json", headers=exc.headers
+    )
+
+
+def create_app(config: str | Path | RouterConfig, **kwargs: object) -> FastAPI:
+    """The ASGI app for `config` (see IngressApp for the keyword seams)."""
+    return IngressApp(config, **kwargs).asgi  # type: ignore[arg-type]

@@ -1,0 +1,192 @@
+"""Raw ASGI helpers for the hot path: header extraction, bounded body reading, a response
+channel that remembers what was sent, and a disconnect watch that cancels the request's task
+when the client goes away (uvicorn silently drops sends after a disconnect, so without it an
+upstream generation would run on for nobody)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from continuum_ingress.adapters.dialects import ClientHeaders
+from continuum_ingress.errors import RequestError
+from continuum_ingress.protocol.errors import ErrorStyle, error_body
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_PASSTHROUGH = {b"traceparent": "traceparent", b"tracestate": "tracestate", b"x-request-id": "x-request-id"}
+_MAX_ID = 128
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeaders:
+    client: ClientHeaders
+    session_id: str | None
+    content_length: int | None
+    request_id: str
+
+
+def _clean_id(value: str) -> str | None:
+    return value if 0 < len(value) <= _MAX_ID and value.isprintable() else None
+
+
+def read_headers(headers: Sequence[tuple[bytes, bytes]]) -> RequestHeaders:
+    bearer = x_api_key = version = beta = session = request_id = None
+    length: int | None = None
+    passthrough: list[tuple[str, str]] = []
+    for name, value in headers:
+        if name == b"authorization":
+            text = value.decode("latin-1")
+            if text[:7].lower() == "bearer ":
+                bearer = text[7:].strip() or None
+        elif name == b"x-api-key":
+            x_api_key = value.decode("latin-1") or None
+        elif name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                length = None
+        elif name == b"anthropic-version":
+            version = value.decode("latin-1")
+        elif name == b"anthropic-beta":
+            beta = value.decode("latin-1")
+        elif name == b"x-session-id":
+            session = _clean_id(value.decode("latin-1"))
+        elif name in _PASSTHROUGH:
+            text = value.decode("latin-1")
+            passthrough.append((_PASSTHROUGH[name], text))
+            if name == b"x-request-id":
+                request_id = _clean_id(text)
+    client = ClientHeaders(bearer, x_api_key, version, beta, tuple(passthrough))
+    return RequestHeaders(client, session, length, request_id or os.urandom(12).hex())
+
+
+def too_large(limit: int) -> RequestError:
+    return RequestError(
+        413, f"Request body is larger than the limit of {limit} bytes.", kind="too_large", code="request_too_large"
+    )
+
+
+async def read_body(receive: Receive, content_length: int | None, limit: int) -> bytes:
+    """The whole request body, refusing (413) as soon as it is known to exceed `limit`."""
+    if content_length is not None and content_length > limit:
+        raise too_large(limit)
+    first = await receive()
+    if first["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = first.get("body", b"")
+    if not first.get("more_body", False):
+        if len(body) > limit:
+            raise too_large(limit)
+        return body
+    parts = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+class Channel:
+    """The response side of one request: records whether the response started and its status,
+    and marks the final body message so the disconnect watch ignores the end of the request."""
+
+    __slots__ = ("_send", "finishing", "started", "status")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.finishing = False
+        self.status = 0
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        self.status = status
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, more: bool = False) -> None:
+        if not more:
+            self.finishing = True
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def whole(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
+        headers.append((b"content-length", str(len(data)).encode()))
+        await self.start(status, headers)
+        await self.body(data)
+
+    async def error(self, style: ErrorStyle, error: RequestError, request_id: str) -> None:
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", request_id.encode())]
+        if style is ErrorStyle.ANTHROPIC:
+            headers.append((b"request-id", request_id.encode()))
+        await self.whole(error.status, headers, error_body(style, error, request_id))
+
+
+async def send_json(send: Send, status: int, payload: object, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    data = orjson.dumps(payload)
+    out = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *(headers or [])]
+    await send({"type": "http.response.start", "status": status, "headers": out})
+    await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+class DisconnectWatch:
+    """Cancels the current task when the client disconnects before the response is finished.
+
+    Use as a context manager around the upstream work; `disconnected` tells the caller that a
+    CancelledError was ours (then the task is un-cancelled and the request ends quietly)."""
+
+    __slots__ = ("_channel", "_receive", "_target", "_watcher", "disconnected")
+
+    def __init__(self, receive: Receive, channel: Channel) -> None:
+        self._receive = receive
+        self._channel = channel
+        self._target: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self.disconnected = False
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                if not self._channel.finishing and self._target is not None:
+                    self.disconnected = True
+                    self._target.cancel()
+                return
+
+    def __enter__(self) -> DisconnectWatch:
+        self._target = asyncio.current_task()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._watcher is not None and not self._watcher.done():
+            self._watcher.cancel()
+
+    def absorb(self) -> bool:
+        """Call from `except CancelledError`: True (and un-cancel) when the client caused it."""
+        if not self.disconnected:
+            return False
+        task = asyncio.current_task()
+        if task is not None:
+            with contextlib.suppress(AttributeError):
+                task.uncancel()
+        return True

@@ -1,0 +1,171 @@
+"""The client-facing HTTP endpoints.
+
+The five forwarding endpoints are raw ASGI callables (no per-request framework objects on the
+hot path): read headers and a bounded body, validate, route, forward. Everything that goes wrong
+before the response starts becomes a provider-shaped error (OpenAI on /v1, Anthropic on
+/anthropic) and is counted; nothing malformed reaches a backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from continuum_ingress.adapters.forward import Forwarder, response_headers
+from continuum_ingress.asgi import Channel, ClientGone, DisconnectWatch, Receive, Scope, Send, read_body, read_headers
+from continuum_ingress.config import ConfigHolder
+from continuum_ingress.errors import RequestError
+from continuum_ingress.hooks import CachedResponse
+from continuum_ingress.metrics import IngressMetrics
+from continuum_ingress.pipeline import SelectionPipeline
+from continuum_ingress.pool import BackendPool
+from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.requests import parse_request
+from continuum_ingress.state import RequestState
+
+log = logging.getLogger(__name__)
+
+
+def _reject_reason(error: RequestError) -> str:
+    if error.status == 413:
+        return "too_large"
+    if error.status == 404:
+        return "unknown_model"
+    if error.status == 503:
+        return "no_backend"
+    return "invalid_json" if error.code == "invalid_json" else "invalid_request"
+
+
+def unknown_model(model: str, known: bool, api: Api) -> RequestError:
+    if known:
+        message = f"The model '{model}' is not served on this endpoint ({api.value}) by any configured backend."
+    else:
+        message = f"The model '{model}' does not exist or you do not have access to it."
+    return RequestError(404, message, kind="not_found", param="model", code="model_not_found")
+
+
+class ForwardEndpoint:
+    """POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
+    /anthropic/v1/messages."""
+
+    def __init__(
+        self,
+        api: Api,
+        *,
+        holder: ConfigHolder,
+        pipeline: SelectionPipeline,
+        forwarder: Forwarder,
+        metrics: IngressMetrics,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.api = api
+        self.holder = holder
+        self.pipeline = pipeline
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = self.clock()
+        api = self.api
+        info = read_headers(scope["headers"])
+        channel = Channel(send)
+        snapshot = self.holder.acquire()
+        try:
+            try:
+                raw = await read_body(receive, info.content_length, snapshot.config.server.max_body_bytes)
+                request = parse_request(api, raw)
+                if not snapshot.route(api, request.model):
+                    raise unknown_model(request.model, snapshot.knows_model(request.model), api)
+            except RequestError as error:
+                self.metrics.rejected(api.value, _reject_reason(error))
+                await channel.error(api.error_style, error, info.request_id)
+                return
+            state = RequestState(info.request_id, request, raw, info.client, info.session_id or request.user, started)
+            self.pipeline.prepare(state, snapshot)
+            with DisconnectWatch(receive, channel) as watch:
+                try:
+                    lookup = await self.pipeline.lookup_cache(state)
+                    if lookup.response is not None:
+                        await self._replay(state, lookup.response, channel)
+                    else:
+                        await self.forwarder.forward(state, snapshot, channel, lookup)
+                except RequestError as error:
+                    if channel.started:
+                        raise
+                    if error.status == 503:
+                        self.metrics.rejected(api.value, "no_backend")
+                    await channel.error(api.error_style, error, info.request_id)
+                except asyncio.CancelledError:
+                    if not watch.absorb():
+                        raise
+                    self.metrics.client_disconnects.inc()
+                    channel.status = 499  # nginx's "client closed request", for our own metrics
+        except ClientGone:
+            channel.status = 499
+        finally:
+            self.holder.release(snapshot)
+            if channel.status:
+                self.metrics.request(api.value, channel.status, self.clock() - started)
+
+    @staticmethod
+    async def _replay(state: RequestState, cached: CachedResponse, channel: Channel) -> None:
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in cached.headers]
+        headers = [(k, v) for k, v in headers if k not in (b"content-length", b"x-cache", b"transfer-encoding")]
+        headers.append((b"x-cache", b"HIT"))
+        headers.append((b"x-request-id", state.request_id.encode()))
+        if cached.chunks is None:
+            await channel.whole(cached.status, headers, cached.body)
+            return
+        await channel.start(cached.status, headers)
+        for chunk in cached.chunks:
+            await channel.body(chunk, more=True)
+        await channel.body(b"")
+
+
+# Re-exported for the response-cache integration (it builds headers the same way).
+__all__ = ["ForwardEndpoint", "response_headers", "unknown_model"]
+
+
+class InfoEndpoints:
+    """GET /v1/models, /healthz, /readyz, /metrics (off the hot path; plain Starlette)."""
+
+    def __init__(
+        self, holder: ConfigHolder, pool: BackendPool, metrics: IngressMetrics, is_ready: Callable[[], bool]
+    ) -> None:
+        self.holder = holder
+        self.pool = pool
+        self.metrics = metrics
+        self.is_ready = is_ready
+        self.created = int(time.time())
+
+    async def models(self, request: Request) -> Response:
+        snapshot = self.holder.current
+        data = [{"id": m, "object": "model", "created": self.created, "owned_by": "continuum"} for m in snapshot.models]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(self, request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(self, request: Request) -> Response:
+        """Ready while serving (not starting, not draining). Backend health is reported, not
+        required: a replica with no healthy backend answers 503s itself, and taking every
+        replica out of a load balancer would not help anyone."""
+        snapshot = self.holder.current
+        healthy = [name for name in snapshot.backends if (s := self.pool.get(name)) is not None and s.healthy]
+        body = {
+            "ready": self.is_ready(),
+            "generation": snapshot.generation,
+            "backends": len(snapshot.backends),
+            "healthy_backends": len(healthy),
+        }
+        return JSONResponse(body, status_code=200 if body["ready"] else 503)
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,87 @@
+"""Extension points other issues plug into (see docs/ingress.md, "Seams").
+
+* `ResponseCacheHook` (issue 5, Tier 2/3): consulted before selection; records responses.
+* `BodyRewriter`: per-attempt body rewrites that depend on the chosen backend (salt echo and
+  Anthropic cache_control are built in; Gemini context caching, issue 8, adds its own).
+* The KV scorer (issue 7) is `policy.scorer.BackendScorer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from continuum_common.config import Backend
+    from continuum_ingress.snapshot import RouterSnapshot
+    from continuum_ingress.state import RequestState
+
+CacheStatus = Literal["hit", "miss", "bypass"]
+
+
+@dataclass(frozen=True, slots=True)
+class CachedResponse:
+    """A stored answer to replay. `chunks` replays a stream one chunk per ASGI message
+    (SSE bytes exactly as first sent); `body` answers a non-streaming request."""
+
+    status: int
+    headers: Sequence[tuple[str, str]]
+    body: bytes = b""
+    chunks: Sequence[bytes] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLookup:
+    status: CacheStatus | None
+    response: CachedResponse | None = None
+    # Opaque to the ingress: whatever the cache needs again in recorder() (its key, say).
+    token: Any = None
+
+
+class ResponseRecorder(Protocol):
+    """Receives the bytes sent to the client for one upstream answer."""
+
+    def feed(self, chunk: bytes) -> None:
+        """Called with each body chunk as it is sent (once for a non-streamed body)."""
+
+    async def commit(self, status: int, headers: Sequence[tuple[str, str]]) -> None:
+        """The whole response reached the client successfully: store it (bounded time)."""
+
+    def abort(self) -> None:
+        """The response failed or was cut short: forget what was fed."""
+
+
+class ResponseCacheHook(Protocol):
+    @property
+    def enabled(self) -> bool: ...
+
+    async def lookup(self, state: RequestState) -> CacheLookup:
+        """HIT (with `response`), MISS or BYPASS; must bound its own I/O time and never raise
+        for a store outage (fall back to MISS/BYPASS)."""
+        ...
+
+    def recorder(self, state: RequestState, lookup: CacheLookup) -> ResponseRecorder | None:
+        """A recorder for a MISS worth storing, else None."""
+        ...
+
+
+class NoResponseCache:
+    """The default hook: no cache, no X-Cache header, no cost on the request path."""
+
+    enabled = False
+
+    async def lookup(self, state: RequestState) -> CacheLookup:
+        return CacheLookup(None)
+
+    def recorder(self, state: RequestState, lookup: CacheLookup) -> ResponseRecorder | None:
+        return None
+
+
+class BodyRewriter(Protocol):
+    async def rewrite(
+        self, state: RequestState, snapshot: RouterSnapshot, backend: Backend, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Return a new body for this attempt, or None to leave it as is. Must not mutate
+        `body` (a retry on another backend starts again from the client's body)."""
+        ...

@@ -1,0 +1,173 @@
+"""Prometheus metrics of one ingress app (its own CollectorRegistry, never the global one).
+
+Seed names and label allow-lists:
+* continuum_prefix_routing_requests_total{strategy=prefix_hash|overflow|fallback}: once per
+  selection in which PrefixAwareHash ran;
+* continuum_prefix_routing_backend_distribution{backend}: live in-flight requests per backend
+  (the admin stats' `backend_distribution`), read from the pool at scrape time;
+* continuum_kv_index_routing_decisions_total{decision=kv_aware|fallback,tier}, and
+  continuum_kv_index_overlap_score: recorded by the selection pipeline when a scorer ran.
+Label values are bounded: endpoints and outcomes are enums, backends are configured names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from continuum_common.ring import RouteLabel
+from continuum_ingress.policy.scorer import HoldingTier
+from continuum_ingress.pool import BackendPool
+from continuum_ingress.protocol.apis import Api
+from continuum_ingress.sketch import HyperLogLog
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+ENDPOINTS = (*(a.value for a in Api), "models", "admin")
+REJECT_REASONS = ("invalid_json", "invalid_request", "too_large", "unknown_model", "no_backend")
+BACKEND_OUTCOMES = ("success", "client_error", "server_error", "connect_error", "timeout", "stream_error", "cancelled")
+
+
+class PoolCollector(Collector):
+    """Backend gauges read from the live pool at scrape time (no per-request cost)."""
+
+    def __init__(self, pool: BackendPool) -> None:
+        self._pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        dist = GaugeMetricFamily(
+            "continuum_prefix_routing_backend_distribution",
+            "In-flight requests per backend (prefix-routing load distribution)",
+            labels=["backend"],
+        )
+        healthy = GaugeMetricFamily(
+            "continuum_backend_healthy", "1 when the backend may take traffic", labels=["backend"]
+        )
+        circuit = GaugeMetricFamily(
+            "continuum_backend_circuit_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", labels=["backend"]
+        )
+        latency = GaugeMetricFamily(
+            "continuum_backend_latency_ewma_seconds", "EWMA of backend response latency", labels=["backend"]
+        )
+        success = GaugeMetricFamily(
+            "continuum_backend_success_rate", "Success rate over the last 100 outcomes", labels=["backend"]
+        )
+        for state in self._pool.states():
+            dist.add_metric([state.name], state.in_flight)
+            healthy.add_metric([state.name], 1.0 if state.healthy and state.breaker_state == 0 else 0.0)
+            circuit.add_metric([state.name], int(state.breaker_state))
+            if state.latency is not None:
+                latency.add_metric([state.name], state.latency)
+            success.add_metric([state.name], state.success_rate)
+        yield from (dist, healthy, circuit, latency, success)
+
+
+class PrefixRoutingStats:
+    """Counters behind GET /admin/prefix-routing/stats (since process start)."""
+
+    def __init__(self) -> None:
+        self.decisions: dict[RouteLabel, int] = dict.fromkeys(RouteLabel, 0)
+        self.unique = HyperLogLog()
+
+    @property
+    def total(self) -> int:
+        return sum(self.decisions.values())
+
+
+class IngressMetrics:
+    def __init__(self, pool: BackendPool) -> None:
+        r = self.registry = CollectorRegistry()
+        self.prefix_stats = PrefixRoutingStats()
+        prefix = Counter(
+            "continuum_prefix_routing_requests",
+            "PrefixAwareHash selections by decision",
+            ["strategy"],
+            registry=r,
+        )
+        self._prefix = {label: prefix.labels(label.value) for label in RouteLabel}
+        requests = Counter(
+            "continuum_ingress_requests",
+            "Client requests by endpoint and status class",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self._requests = {(e, s): requests.labels(e, s) for e in ENDPOINTS for s in ("2xx", "3xx", "4xx", "5xx")}
+        duration = Histogram(
+            "continuum_ingress_request_duration_seconds",
+            "Time to the end of the response, per endpoint",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._duration = {e: duration.labels(e) for e in ENDPOINTS}
+        rejected = Counter(
+            "continuum_ingress_rejected_requests",
+            "Requests refused before reaching a backend",
+            ["endpoint", "reason"],
+            registry=r,
+        )
+        self._rejected = {(e, x): rejected.labels(e, x) for e in ENDPOINTS for x in REJECT_REASONS}
+        self._backend_requests = Counter(
+            "continuum_backend_requests", "Upstream attempts by backend and outcome", ["backend", "outcome"], registry=r
+        )
+        retries = Counter("continuum_ingress_retries", "Attempts retried on another backend", ["reason"], registry=r)
+        self._retries = {x: retries.labels(x) for x in ("connect_error", "server_error")}
+        self.client_disconnects = Counter(
+            "continuum_ingress_client_disconnects", "Requests whose client went away (upstream cancelled)", registry=r
+        )
+        decisions = Counter(
+            "continuum_kv_index_routing_decisions",
+            "Selections in which the KV scorer ran",
+            ["decision", "tier"],
+            registry=r,
+        )
+        self._kv_decisions = {
+            (d, t.value): decisions.labels(d, t.value) for d in ("kv_aware", "fallback") for t in HoldingTier
+        }
+        self.kv_overlap = Histogram(
+            "continuum_kv_index_overlap_score",
+            "Best composite score of kv_aware decisions",
+            buckets=(0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+            registry=r,
+        )
+        self.kv_scorer_errors = Counter(
+            "continuum_kv_scorer_errors", "Scorer prepare() failures or timeouts (strategy used)", registry=r
+        )
+        self.cache_control_injected = Counter(
+            "continuum_anthropic_cache_control_injected", "Anthropic requests given a cache_control marker", registry=r
+        )
+        self.salt_echo = Counter("continuum_salt_echo_requests", "Requests sent with a cache_salt", registry=r)
+        reloads = Counter("continuum_config_reloads", "Configuration reloads", ["result"], registry=r)
+        self._reloads = {True: reloads.labels("ok"), False: reloads.labels("rejected")}
+        r.register(PoolCollector(pool))
+
+    # -- recording -------------------------------------------------------------------------
+    def route(self, label: RouteLabel) -> None:
+        self._prefix[label].inc()
+        self.prefix_stats.decisions[label] += 1
+
+    def prefix_seen(self, prefix_key: bytes) -> None:
+        self.prefix_stats.unique.add(prefix_key)
+
+    def request(self, endpoint: str, status: int, seconds: float) -> None:
+        self._requests[(endpoint, f"{min(max(status // 100, 2), 5)}xx")].inc()
+        self._duration[endpoint].observe(seconds)
+
+    def rejected(self, endpoint: str, reason: str) -> None:
+        self._rejected[(endpoint, reason)].inc()
+
+    def backend(self, backend: str, outcome: str) -> None:
+        self._backend_requests.labels(backend, outcome).inc()
+
+    def retry(self, reason: str) -> None:
+        self._retries[reason].inc()
+
+    def kv_decision(self, decision: str, tier: HoldingTier, score: float | None = None) -> None:
+        self._kv_decisions[(decision, tier.value)].inc()
+        if score is not None:
+            self.kv_overlap.observe(score)
+
+    def reload(self, ok: bool) -> None:
+        self._reloads[ok].inc()

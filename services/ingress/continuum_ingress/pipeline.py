@@ -1,0 +1,119 @@
+"""The backend selection pipeline (seed §"Backend 선택 파이프라인"):
+
+    response cache hook (Tier 2)  ->  prefix key (Tier 1)  ->  KV scorer (Tier 4, when
+    registered and the request has a prefix key; decides only above 0.3)  ->  the configured
+    selection_strategy (PrefixAwareHash = the CHWBL ring)
+
+`lookup_cache()` runs once per request; `prepare()` computes the prefix key once; `choose()`
+runs per attempt (a retry excludes the backends already tried). Every decision is recorded in
+the RequestState and in the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection
+
+from continuum_common.hashing import request_prefix_key
+from continuum_ingress.errors import NoBackend
+from continuum_ingress.hooks import CacheLookup, NoResponseCache, ResponseCacheHook
+from continuum_ingress.metrics import IngressMetrics
+from continuum_ingress.policy.scorer import BackendScorer, HoldingTier, best_scored
+from continuum_ingress.policy.strategies import SelectionInput
+from continuum_ingress.pool import BackendPool, BackendState
+from continuum_ingress.protocol.apis import Api
+from continuum_ingress.snapshot import RouterSnapshot
+from continuum_ingress.state import RequestState
+
+log = logging.getLogger(__name__)
+
+# APIs whose body has a system prompt / first message / prompt to anchor a prefix key.
+PREFIX_APIS = frozenset({Api.CHAT, Api.COMPLETIONS, Api.MESSAGES})
+SCORER_PREPARE_TIMEOUT_S = 0.1
+
+
+class SelectionPipeline:
+    def __init__(
+        self,
+        pool: BackendPool,
+        metrics: IngressMetrics,
+        *,
+        response_cache: ResponseCacheHook | None = None,
+        scorer: BackendScorer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        scorer_timeout: float = SCORER_PREPARE_TIMEOUT_S,
+    ) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.response_cache: ResponseCacheHook = response_cache or NoResponseCache()
+        self.scorer = scorer
+        self.clock = clock
+        self.scorer_timeout = scorer_timeout
+
+    async def lookup_cache(self, state: RequestState) -> CacheLookup:
+        if not self.response_cache.enabled:
+            return CacheLookup(None)
+        lookup = await self.response_cache.lookup(state)
+        state.cache_status = lookup.status
+        return lookup
+
+    def prepare(self, state: RequestState, snapshot: RouterSnapshot) -> None:
+        """Compute the request's prefix key (Tier 1) once."""
+        routing = snapshot.config.prefix_routing
+        if routing.enabled and state.api in PREFIX_APIS:
+            state.prefix_key = request_prefix_key(
+                state.request.body, enabled=True, max_prefix_length=routing.max_prefix_length
+            )
+            if state.prefix_key is not None:
+                self.metrics.prefix_seen(state.prefix_key)
+
+    def candidates(self, state: RequestState, snapshot: RouterSnapshot, exclude: Collection[str]) -> list[BackendState]:
+        now = self.clock()
+        out: list[BackendState] = []
+        for name in snapshot.route(state.api, state.model):
+            if name in exclude:
+                continue
+            backend = self.pool.get(name)
+            if backend is not None and backend.eligible(now):
+                out.append(backend)
+        return out
+
+    async def choose(
+        self, state: RequestState, snapshot: RouterSnapshot, exclude: Collection[str] = ()
+    ) -> BackendState:
+        candidates = self.candidates(state, snapshot, exclude)
+        if not candidates:
+            raise NoBackend(f"No healthy backend is available for model '{state.model}'.")
+        if self.scorer is not None and state.prefix_key is not None:
+            picked = await self._scored(state, candidates)
+            if picked is not None:
+                return picked
+        choice = snapshot.strategy.choose(candidates, SelectionInput(state.model, state.prefix_key, state.session_key))
+        if choice.label is not None:
+            self.metrics.route(choice.label)
+        state.backend = choice.backend
+        state.route_label = choice.label
+        backend = self.pool.get(choice.backend)
+        assert backend is not None  # candidates come from the pool
+        return backend
+
+    async def _scored(self, state: RequestState, candidates: list[BackendState]) -> BackendState | None:
+        assert self.scorer is not None and state.prefix_key is not None
+        try:
+            await asyncio.wait_for(self.scorer.prepare(state.prefix_key, candidates), self.scorer_timeout)
+            best = best_scored(self.scorer, state.prefix_key, candidates)
+        except Exception as exc:  # a scorer outage must never fail the request
+            self.metrics.kv_scorer_errors.inc()
+            log.warning("KV scorer failed, using the selection strategy: %s", type(exc).__name__)
+            return None
+        if best is None:
+            self.metrics.kv_decision("fallback", HoldingTier.NONE)
+            return None
+        self.metrics.kv_decision("kv_aware", best.tier, best.score)
+        state.backend = best.backend
+        state.route_label = None
+        state.scorer_tier = best.tier
+        state.scorer_score = best.score
+        return self.pool.get(best.backend)

@@ -1,0 +1,1 @@
+"""Pure request parsing and validation, and provider-shaped error bodies (no I/O)."""

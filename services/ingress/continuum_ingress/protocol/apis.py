@@ -1,0 +1,34 @@
+"""The APIs the ingress serves, and what each needs from the rest of the pipeline."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from continuum_ingress.protocol.errors import ErrorStyle
+
+
+class Api(StrEnum):
+    """Client-facing endpoints that forward to a backend. The value is the metrics label."""
+
+    CHAT = "chat_completions"
+    COMPLETIONS = "completions"
+    EMBEDDINGS = "embeddings"
+    RESPONSES = "responses"
+    MESSAGES = "anthropic_messages"
+
+    @property
+    def error_style(self) -> ErrorStyle:
+        return ErrorStyle.ANTHROPIC if self is Api.MESSAGES else ErrorStyle.OPENAI
+
+    @property
+    def can_stream(self) -> bool:
+        return self is not Api.EMBEDDINGS
+
+
+CLIENT_PATHS: dict[str, Api] = {
+    "/v1/chat/completions": Api.CHAT,
+    "/v1/completions": Api.COMPLETIONS,
+    "/v1/embeddings": Api.EMBEDDINGS,
+    "/v1/responses": Api.RESPONSES,
+    "/anthropic/v1/messages": Api.MESSAGES,
+}

@@ -1,0 +1,264 @@
+"""Validation of client request bodies, one function per API (pure; no I/O).
+
+Only what the router itself relies on, plus the common fields whose wrong type would otherwise
+travel to a backend and come back as a confusing error, is checked; unknown fields pass through
+untouched (vLLM and friends accept many extensions). Every failure is an InvalidRequest naming
+the parameter, so a malformed request never reaches a backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from continuum_ingress.errors import InvalidRequest
+from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.checks import (
+    array_of_objects,
+    missing,
+    opt_array,
+    opt_bool,
+    opt_int,
+    opt_number,
+    opt_object,
+    opt_str,
+    opt_str_or_object,
+    opt_str_or_str_array,
+    require_model,
+    token_or_text_input,
+    wrong_type,
+)
+
+OPENAI_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+ANTHROPIC_ROLES = frozenset({"user", "assistant"})
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    api: Api
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    # The caller-named session for ConsistentHash: OpenAI `user`, Anthropic `metadata.user_id`
+    # (the X-Session-ID header, read by the HTTP layer, takes precedence).
+    user: str | None
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or InvalidRequest (never a 500)."""
+    if not raw:
+        raise InvalidRequest("The request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _common_sampling(body: dict[str, Any]) -> None:
+    opt_number(body, "temperature", low=0.0, high=2.0)
+    opt_number(body, "top_p", low=0.0, high=1.0)
+    opt_number(body, "presence_penalty", low=-2.0, high=2.0)
+    opt_number(body, "frequency_penalty", low=-2.0, high=2.0)
+    opt_int(body, "n", low=1)
+    opt_int(body, "seed")
+    opt_str_or_str_array(body, "stop")
+    opt_object(body, "stream_options")
+    opt_object(body, "logit_bias")
+    opt_str(body, "cache_salt")
+
+
+def _chat_messages(body: dict[str, Any]) -> None:
+    messages = body.get("messages")
+    if messages is None:
+        raise missing("messages")
+    if not isinstance(messages, list):
+        raise wrong_type("messages", "an array", messages)
+    if not messages:
+        raise InvalidRequest(
+            "Invalid value for 'messages': must contain at least one message.", param="messages", code="invalid_value"
+        )
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise wrong_type(where, "an object", message)
+        role = message.get("role")
+        if role is None:
+            raise missing(f"{where}.role")
+        if not isinstance(role, str):
+            raise wrong_type(f"{where}.role", "a string", role)
+        if role not in OPENAI_ROLES:
+            raise InvalidRequest(
+                f"Invalid value for '{where}.role': {role!r} is not one of {sorted(OPENAI_ROLES)}.",
+                param=f"{where}.role",
+                code="invalid_value",
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise wrong_type(f"{where}.content", "a string or an array of content parts", content)
+        if isinstance(content, list):
+            array_of_objects(content, f"{where}.content")
+
+
+def validate_chat(body: dict[str, Any]) -> ParsedRequest:
+    model = require_model(body)
+    _chat_messages(body)
+    stream = opt_bool(body, "stream")
+    _common_sampling(body)
+    opt_int(body, "max_tokens", low=1)
+    opt_int(body, "max_completion_tokens", low=1)
+    opt_bool(body, "logprobs")
+    opt_int(body, "top_logprobs", low=0)
+    tools = opt_array(body, "tools")
+    if tools:
+        array_of_objects(tools, "tools")
+    opt_str_or_object(body, "tool_choice")
+    opt_object(body, "response_format")
+    user = opt_str(body, "user")
+    return ParsedRequest(Api.CHAT, body, model, stream, user)
+
+
+def validate_completions(body: dict[str, Any]) -> ParsedRequest:
+    model = require_model(body)
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise missing("prompt")
+    token_or_text_input(prompt, "prompt")
+    stream = opt_bool(body, "stream")
+    _common_sampling(body)
+    opt_int(body, "max_tokens", low=0)
+    opt_bool(body, "echo")
+    opt_int(body, "best_of", low=1)
+    opt_int(body, "logprobs", low=0)
+    opt_str(body, "suffix")
+    user = opt_str(body, "user")
+    return ParsedRequest(Api.COMPLETIONS, body, model, stream, user)
+
+
+def validate_embeddings(body: dict[str, Any]) -> ParsedRequest:
+    model = require_model(body)
+    value = body.get("input")
+    if value is None:
+        raise missing("input")
+    token_or_text_input(value, "input")
+    fmt = opt_str(body, "encoding_format")
+    if fmt is not None and fmt not in ("float", "base64"):
+        raise InvalidRequest(
+            f"Invalid value for 'encoding_format': {fmt!r} is not 'float' or 'base64'.",
+            param="encoding_format",
+            code="invalid_value",
+        )
+    opt_int(body, "dimensions", low=1)
+    if body.get("stream") is not None:
+        raise InvalidRequest("Embeddings do not stream.", param="stream", code="invalid_value")
+    user = opt_str(body, "user")
+    return ParsedRequest(Api.EMBEDDINGS, body, model, False, user)
+
+
+def validate_responses(body: dict[str, Any]) -> ParsedRequest:
+    model = require_model(body)
+    value = body.get("input")
+    if value is not None and not isinstance(value, str | list):
+        raise wrong_type("input", "a string or an array of input items", value)
+    opt_str(body, "instructions")
+    stream = opt_bool(body, "stream")
+    opt_number(body, "temperature", low=0.0, high=2.0)
+    opt_number(body, "top_p", low=0.0, high=1.0)
+    opt_int(body, "max_output_tokens", low=1)
+    tools = opt_array(body, "tools")
+    if tools:
+        array_of_objects(tools, "tools")
+    opt_str(body, "previous_response_id")
+    user = opt_str(body, "user")
+    return ParsedRequest(Api.RESPONSES, body, model, stream, user)
+
+
+def _anthropic_system(body: dict[str, Any]) -> None:
+    system = body.get("system")
+    if system is None or isinstance(system, str):
+        return
+    if not isinstance(system, list):
+        raise wrong_type("system", "a string or an array of text blocks", system)
+    for i, block in enumerate(system):
+        if not isinstance(block, dict):
+            raise wrong_type(f"system.{i}", "an object", block)
+        if block.get("type") != "text":
+            raise InvalidRequest(
+                f"Invalid value for 'system.{i}.type': system blocks must be of type 'text'.",
+                param=f"system.{i}.type",
+            )
+        if not isinstance(block.get("text"), str):
+            raise wrong_type(f"system.{i}.text", "a string", block.get("text"))
+
+
+def _anthropic_messages(body: dict[str, Any]) -> None:
+    messages = body.get("messages")
+    if messages is None:
+        raise missing("messages")
+    if not isinstance(messages, list):
+        raise wrong_type("messages", "an array", messages)
+    if not messages:
+        raise InvalidRequest("messages: at least one message is required", param="messages")
+    for i, message in enumerate(messages):
+        where = f"messages.{i}"
+        if not isinstance(message, dict):
+            raise wrong_type(where, "an object", message)
+        role = message.get("role")
+        if role is None:
+            raise missing(f"{where}.role")
+        if role not in ANTHROPIC_ROLES:
+            raise InvalidRequest(
+                f"Invalid value for '{where}.role': {role!r} is not 'user' or 'assistant'.", param=f"{where}.role"
+            )
+        content = message.get("content")
+        if content is None:
+            raise missing(f"{where}.content")
+        if isinstance(content, list):
+            for j, block in enumerate(content):
+                if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+                    raise wrong_type(f"{where}.content.{j}", "a content block object with a 'type'", block)
+        elif not isinstance(content, str):
+            raise wrong_type(f"{where}.content", "a string or an array of content blocks", content)
+
+
+def validate_messages(body: dict[str, Any]) -> ParsedRequest:
+    model = require_model(body)
+    if body.get("max_tokens") is None:
+        raise missing("max_tokens")
+    opt_int(body, "max_tokens", low=1)
+    _anthropic_messages(body)
+    _anthropic_system(body)
+    stream = opt_bool(body, "stream")
+    opt_number(body, "temperature", low=0.0, high=1.0)
+    opt_number(body, "top_p", low=0.0, high=1.0)
+    opt_int(body, "top_k", low=0)
+    stops = opt_array(body, "stop_sequences")
+    for i, item in enumerate(stops or ()):
+        if not isinstance(item, str):
+            raise wrong_type(f"stop_sequences.{i}", "a string", item)
+    tools = opt_array(body, "tools")
+    if tools:
+        array_of_objects(tools, "tools")
+    opt_object(body, "tool_choice")
+    opt_object(body, "cache_control")
+    metadata = opt_object(body, "metadata")
+    user = opt_str(metadata, "user_id", "metadata.user_id") if metadata else None
+    return ParsedRequest(Api.MESSAGES, body, model, stream, user)
+
+
+VALIDATORS: dict[Api, Callable[[dict[str, Any]], ParsedRequest]] = {
+    Api.CHAT: validate_chat,
+    Api.COMPLETIONS: validate_completions,
+    Api.EMBEDDINGS: validate_embeddings,
+    Api.RESPONSES: validate_responses,
+    Api.MESSAGES: validate_messages,
+}
+
+
+def parse_request(api: Api, raw: bytes) -> ParsedRequest:
+    return VALIDATORS[api](parse_json_object(raw))

@@ -1,0 +1,86 @@
+"""Running an ASGI app under uvicorn (uvloop + httptools) inside the caller's event loop.
+
+The caller owns signals (`serve` and `up` install their own handlers; tests install none), so
+uvicorn's own signal capture is switched off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+
+
+class EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+    @property
+    def port(self) -> int:
+        for server in self.servers:
+            for sock in server.sockets:
+                port: int = sock.getsockname()[1]
+                return port
+        raise RuntimeError("the server is not listening")
+
+
+def uvicorn_config(app: Any, host: str, port: int, *, log_level: str = "warning") -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="none",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        server_header=False,
+        log_config=None,
+        log_level=log_level,
+        backlog=2048,
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=30,
+    )
+
+
+class RunningServer:
+    """`async with RunningServer(app, host, port) as server:` - listening on exit of __aenter__
+    (port 0 picks a free port; read it from `server.port`), drained and stopped on exit."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
+        self.server = EmbeddedServer(uvicorn_config(app, host, port, log_level=log_level))
+        self._task: asyncio.Task[None] | None = None
+        self.host = host
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def __aenter__(self) -> RunningServer:
+        self._task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            if self._task.done():
+                await self._task  # surfaces the start-up error
+                raise RuntimeError("uvicorn exited during start-up")
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            await self._task

@@ -1,0 +1,44 @@
+"""The per-request state every stage reads and records into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from continuum_common.ring import RouteLabel
+from continuum_ingress.adapters.dialects import ClientHeaders
+from continuum_ingress.policy.scorer import HoldingTier
+from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.requests import ParsedRequest
+
+
+@dataclass(slots=True)
+class RequestState:
+    request_id: str
+    request: ParsedRequest
+    raw: bytes
+    client: ClientHeaders
+    # X-Session-ID header, else the body's `user` (OpenAI) / `metadata.user_id` (Anthropic).
+    session_key: str | None
+    started: float
+    # Tier 1: computed once per request (None when prefix routing is off or nothing anchors it).
+    prefix_key: bytes | None = None
+    # Routing record, updated on every selection (a retry overwrites it with the final pick).
+    backend: str | None = None
+    route_label: RouteLabel | None = None
+    scorer_tier: HoldingTier | None = None
+    scorer_score: float | None = None
+    attempts: list[str] = field(default_factory=list)
+    # Tier 2: "hit" | "miss" | "bypass" (the X-Cache header), None when no cache ran.
+    cache_status: str | None = None
+
+    @property
+    def api(self) -> Api:
+        return self.request.api
+
+    @property
+    def model(self) -> str:
+        return self.request.model
+
+    @property
+    def stream(self) -> bool:
+        return self.request.stream

@@ -1,0 +1,36 @@
+"""Run the ingress for tests: a real uvicorn server on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from continuum_common.config import RouterConfig, parse
+
+from continuum_ingress.app import IngressApp
+from continuum_ingress.server import RunningServer
+
+
+class RunningIngress:
+    def __init__(self, app: IngressApp, server: RunningServer) -> None:
+        self.app = app
+        self.server = server
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+def router_config(data: dict[str, Any]) -> RouterConfig:
+    return parse(RouterConfig, data, source="test config")
+
+
+@contextlib.asynccontextmanager
+async def running_ingress(config: dict[str, Any] | str | Path, **kwargs: Any) -> AsyncIterator[RunningIngress]:
+    """The ingress for `config` (a dict is validated like a file) listening on loopback."""
+    source: RouterConfig | str | Path = router_config(config) if isinstance(config, dict) else config
+    app = IngressApp(source, **kwargs)
+    async with RunningServer(app.asgi) as server:
+        yield RunningIngress(app, server)
