@@ -34,6 +34,39 @@ def _cmd_config_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from continuum_common.logs import setup_logging
+    from continuum_ingress.config import resolve_config_path
+    from continuum_ingress.run import run_loop, serve_forever
+
+    path = resolve_config_path(args.config)
+    if path is None:
+        print("error: serve needs --config FILE (or CONTINUUM_CONFIG)", file=sys.stderr)
+        return 2
+    setup_logging("ingress", args.log_level)
+    try:
+        run_loop(serve_forever(path, args.host, args.port))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from continuum_common.logs import setup_logging
+    from continuum_ingress.config import resolve_config_path
+    from continuum_ingress.run import run_loop
+    from continuum_ingress.up import up
+
+    setup_logging("up", args.log_level)
+    try:
+        run_loop(up(resolve_config_path(args.config), demo=args.demo, host=args.host, port=args.port))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _not_implemented(name: str) -> int:
     print(f"continuum-router {name}: not implemented yet", file=sys.stderr)
     return 2
@@ -53,13 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=_cmd_config_validate)
 
     serve = sub.add_parser("serve", help="run the ingress HTTP server")
-    serve.add_argument("--config", "-c")
-    serve.set_defaults(func=lambda _a: _not_implemented("serve"))
+    serve.add_argument("--config", "-c", help="router configuration file (default: $CONTINUUM_CONFIG)")
+    serve.add_argument("--host", help="override server.host")
+    serve.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
+    serve.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default: $CONTINUUM_LOG_LEVEL or INFO)")
+    serve.set_defaults(func=_cmd_serve)
 
     up = sub.add_parser("up", help="run the whole product on this machine")
-    up.add_argument("--config", "-c")
-    up.add_argument("--demo", action="store_true")
-    up.set_defaults(func=lambda _a: _not_implemented("up"))
+    up.add_argument("--config", "-c", help="router configuration file (optional with --demo)")
+    up.add_argument("--demo", action="store_true", help="also start 3 simulated engines and route to them")
+    up.add_argument("--host", help="override server.host")
+    up.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
+    up.add_argument("--log-level", default=None)
+    up.set_defaults(func=_cmd_up)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("rest", nargs=argparse.REMAINDER)

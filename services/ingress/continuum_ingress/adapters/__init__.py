@@ -1,1 +1,1 @@
-"""I/O adapters: the only modules that hold HTTP clients (httpx) and talk to backends."""
+"""I/O adapters: the only modules that open sockets to backends (adapters.h1 is the HTTP client)."""

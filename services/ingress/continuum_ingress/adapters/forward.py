@@ -5,9 +5,9 @@
   timeout is not retried (the generation may simply be slow; repeating it doubles the load)
   and nothing is retried once the upstream answered with a status below 500.
 * Non-streamed answers are read whole and sent with a Content-Length. Streams are passed
-  through chunk by chunk as httpx yields them off the socket (`aiter_raw`: no decoding, no
-  re-chunking, no added buffer); an upstream failure mid-stream ends the stream with an
-  in-band provider-shaped error event, since the status line is long gone.
+  through chunk by chunk as they come off the socket (de-chunked by the parser, re-chunked by
+  uvicorn; nothing decoded or re-encoded, no added buffer); an upstream failure mid-stream ends
+  the stream with an in-band provider-shaped error event, since the status line is long gone.
 * The pool's live state (in-flight, EWMA latency, success window, circuit breaker) is updated
   for every attempt; a cancelled request (client gone) closes the upstream response, which
   closes the upstream connection and makes vLLM abort the generation.
@@ -21,10 +21,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import httpx
-
 from continuum_common.config import Backend
-from continuum_ingress.adapters.dialects import ResponseTranslator, UpstreamDialect, join_url
+from continuum_ingress.adapters.dialects import ResponseTranslator, UpstreamDialect
+from continuum_ingress.adapters.h1 import ConnectFailed, Disconnected, ReadTimeout, Response, UpstreamError
 from continuum_ingress.adapters.upstream import UpstreamClient
 from continuum_ingress.asgi import Channel
 from continuum_ingress.errors import NoBackend, RequestError
@@ -55,13 +54,6 @@ _DROP_HEADERS = frozenset(
         b"server",
     }
 )
-_RETRYABLE_NETWORK = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-)
 
 
 class _Retryable(Exception):
@@ -71,8 +63,10 @@ class _Retryable(Exception):
         self.reason = reason
 
 
-def response_headers(upstream: httpx.Headers, state: RequestState, backend: str) -> list[tuple[bytes, bytes]]:
-    out = [(k, v) for k, v in upstream.raw if k.lower() not in _DROP_HEADERS]
+def response_headers(
+    upstream: list[tuple[bytes, bytes]], state: RequestState, backend: str
+) -> list[tuple[bytes, bytes]]:
+    out = [(k, v) for k, v in upstream if k not in _DROP_HEADERS]
     out.append((b"x-continuum-backend", backend.encode()))
     out.append((b"x-request-id", state.request_id.encode()))
     if state.cache_status is not None:
@@ -140,25 +134,21 @@ class Forwarder:
         dialect = self.dialects[spec.type]
         client: UpstreamClient = snapshot.clients[spec.name]
         content = dialect.encode(state.api, await self._body(state, snapshot, spec), state.raw)
-        request = client.http.build_request(
-            "POST",
-            join_url(spec.url, dialect.path(state.api)),
-            content=content,
-            headers=dialect.headers(state.api, snapshot.api_keys.get(spec.name), state.client),
-        )
+        target = client.target(dialect.path(state.api))
+        headers = dialect.headers(state.api, snapshot.api_keys.get(spec.name), state.client)
         start = self.clock()
         backend.begin(start)
         try:
-            response = await self._send(client, request, backend)
+            response = await self._send(client, target, headers, content, backend)
             try:
-                if response.status_code >= 500:
+                if response.status >= 500:
                     await self._drop(response)
                     backend.record_failure(self.clock())
                     self.metrics.backend(backend.name, "server_error")
                     raise _Retryable(
                         RequestError(
                             502,
-                            f"Backend '{backend.name}' answered HTTP {response.status_code}.",
+                            f"Backend '{backend.name}' answered HTTP {response.status}.",
                             kind="bad_gateway",
                             code="backend_error",
                         ),
@@ -167,7 +157,7 @@ class Forwarder:
                 backend.record_success(self.clock() - start)
                 translator = dialect.translator(state.api, state.stream)
                 recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status == "miss" else None
-                if state.stream and response.status_code < 300:
+                if state.stream and response.status < 300:
                     await self._stream(
                         state,
                         backend=backend,
@@ -195,43 +185,40 @@ class Forwarder:
         finally:
             backend.finish()
 
-    async def _send(self, client: UpstreamClient, request: httpx.Request, backend: BackendState) -> httpx.Response:
+    async def _send(
+        self, client: UpstreamClient, target: str, headers: list[tuple[str, str]], content: bytes, backend: BackendState
+    ) -> Response:
         try:
-            return await client.http.send(request, stream=True)
-        except (httpx.ReadTimeout, httpx.WriteTimeout):
+            return await client.pool.request("POST", target, headers, content)
+        except ReadTimeout:
             backend.record_failure(self.clock())
             self.metrics.backend(backend.name, "timeout")
             raise RequestError(
                 504, f"Backend '{backend.name}' did not answer in time.", kind="timeout", code="backend_timeout"
             ) from None
-        except _RETRYABLE_NETWORK as exc:
+        except (ConnectFailed, Disconnected) as exc:
+            # Nothing of an answer arrived: safe to try the next backend.
             backend.record_failure(self.clock())
             self.metrics.backend(backend.name, "connect_error")
             raise _Retryable(
                 RequestError(
                     502,
-                    f"Could not reach backend '{backend.name}' ({type(exc).__name__}).",
+                    f"Could not reach backend '{backend.name}' ({exc}).",
                     kind="bad_gateway",
                     code="backend_unreachable",
                 ),
                 "connect_error",
             ) from None
-        except httpx.HTTPError as exc:
-            backend.record_failure(self.clock())
-            self.metrics.backend(backend.name, "connect_error")
-            raise RequestError(
-                502, f"Backend '{backend.name}' failed: {type(exc).__name__}.", kind="bad_gateway", code="backend_error"
-            ) from None
 
     @staticmethod
-    async def _drop(response: httpx.Response) -> None:
+    async def _drop(response: Response) -> None:
         seen = 0
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.stream():
                 seen += len(chunk)
                 if seen > MAX_ERROR_BODY:
                     break
-        except httpx.HTTPError:
+        except UpstreamError:
             pass
 
     async def _whole(
@@ -239,40 +226,34 @@ class Forwarder:
         state: RequestState,
         *,
         backend: BackendState,
-        response: httpx.Response,
+        response: Response,
         channel: Channel,
         translator: ResponseTranslator | None,
         recorder: ResponseRecorder | None,
     ) -> None:
         try:
-            chunks = [chunk async for chunk in response.aiter_raw()]
-        except httpx.TimeoutException:
+            data = await response.read()
+        except ReadTimeout:
             backend.record_failure(self.clock())
             self.metrics.backend(backend.name, "timeout")
             raise RequestError(
                 504, f"Backend '{backend.name}' stopped answering.", kind="timeout", code="backend_timeout"
             ) from None
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             backend.record_failure(self.clock())
             self.metrics.backend(backend.name, "stream_error")
             raise RequestError(
-                502,
-                f"Backend '{backend.name}' broke off its answer ({type(exc).__name__}).",
-                kind="bad_gateway",
-                code="backend_error",
+                502, f"Backend '{backend.name}' broke off its answer ({exc}).", kind="bad_gateway", code="backend_error"
             ) from None
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if translator is not None:
             data = translator.body(data)
-        status = response.status_code
+        status = response.status
         self.metrics.backend(backend.name, "success" if status < 400 else "client_error")
         await channel.whole(status, response_headers(response.headers, state, backend.name), data)
         if recorder is not None:
             if status < 300:
                 recorder.feed(data)
-                await recorder.commit(
-                    status, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw]
-                )
+                await recorder.commit(status, _text_headers(response.headers))
             else:
                 recorder.abort()
 
@@ -281,16 +262,16 @@ class Forwarder:
         state: RequestState,
         *,
         backend: BackendState,
-        response: httpx.Response,
+        response: Response,
         channel: Channel,
         translator: ResponseTranslator | None,
         recorder: ResponseRecorder | None,
     ) -> None:
         headers = response_headers(response.headers, state, backend.name)
         headers.append((b"x-accel-buffering", b"no"))
-        await channel.start(response.status_code, headers)
+        await channel.start(response.status, headers)
         try:
-            async for raw in response.aiter_raw():
+            async for raw in response.stream():
                 chunk = raw if translator is None else translator.chunk(raw)
                 if not chunk:
                     continue
@@ -299,12 +280,10 @@ class Forwarder:
                 await channel.body(chunk, more=True)
             if translator is not None and (tail := translator.end()):
                 await channel.body(tail, more=True)
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             backend.record_failure(self.clock())
             self.metrics.backend(backend.name, "stream_error")
-            log.warning(
-                "backend %s broke off a stream: %s (request %s)", backend.name, type(exc).__name__, state.request_id
-            )
+            log.warning("backend %s broke off a stream: %s (request %s)", backend.name, exc, state.request_id)
             if recorder is not None:
                 recorder.abort()
             message = f"Backend '{backend.name}' broke off the stream ({type(exc).__name__})."
@@ -318,6 +297,8 @@ class Forwarder:
         await channel.body(b"")
         self.metrics.backend(backend.name, "success")
         if recorder is not None:
-            await recorder.commit(
-                response.status_code, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw]
-            )
+            await recorder.commit(response.status, _text_headers(response.headers))
+
+
+def _text_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k not in _DROP_HEADERS]

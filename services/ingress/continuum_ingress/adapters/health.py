@@ -14,10 +14,8 @@ import logging
 import time
 from collections.abc import Callable
 
-import httpx
-
 from continuum_common.config import Backend
-from continuum_ingress.adapters.dialects import join_url
+from continuum_ingress.adapters.h1 import UpstreamError
 from continuum_ingress.config import ConfigHolder
 from continuum_ingress.pool import BackendPool
 
@@ -73,12 +71,17 @@ class HealthChecker:
         state = self.pool.get(spec.name)
         if client is None or state is None:
             return
-        headers = {"authorization": f"Bearer {key}"} if key else {}
+        headers = [("authorization", f"Bearer {key}")] if key else []
         timeout = min(CHECK_TIMEOUT_S, spec.health_check_interval_ms / 1000)
         try:
-            response = await client.http.get(join_url(spec.url, path), headers=headers, timeout=timeout)
-            ok = 200 <= response.status_code < 300
-        except httpx.HTTPError:
+            async with asyncio.timeout(timeout + spec.connect_timeout_ms / 1000):
+                response = await client.pool.request("GET", client.target(path), headers, read_timeout=timeout)
+                try:
+                    await response.read()
+                finally:
+                    await response.aclose()
+            ok = 200 <= response.status < 300
+        except (UpstreamError, TimeoutError):
             ok = False
         if state.record_health(ok):
             if ok:

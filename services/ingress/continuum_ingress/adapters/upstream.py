@@ -1,4 +1,4 @@
-"""One pooled keep-alive httpx.AsyncClient per backend.
+"""One pooled keep-alive HTTP/1.1 client per backend (adapters.h1.H1Pool).
 
 Clients are created for a configuration snapshot and reused by later snapshots while the
 backend's address and limits are unchanged. A client a reload made obsolete is retired, not
@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping
-
-import httpx
+from urllib.parse import urlsplit
 
 from continuum_common.config import Backend
+from continuum_ingress.adapters.dialects import join_url
+from continuum_ingress.adapters.h1 import H1Pool
 
 log = logging.getLogger(__name__)
 
@@ -25,31 +26,34 @@ def _client_key(spec: Backend) -> tuple[object, ...]:
 
 
 class UpstreamClient:
-    __slots__ = ("http", "key", "name", "url")
+    __slots__ = ("_paths", "key", "name", "pool", "url")
 
     def __init__(self, spec: Backend) -> None:
         self.name = spec.name
         self.url = spec.url
         self.key = _client_key(spec)
-        connect = spec.connect_timeout_ms / 1000
-        read = spec.request_timeout_ms / 1000
-        self.http = httpx.AsyncClient(
-            # connect and pool waits are bounded by the connect timeout; read/write by the
-            # request timeout (per chunk for streams: a long generation is fine, a stall is not).
-            timeout=httpx.Timeout(connect=connect, read=read, write=read, pool=connect),
-            limits=httpx.Limits(
-                max_connections=spec.max_connections,
-                max_keepalive_connections=spec.max_connections,
-                keepalive_expiry=KEEPALIVE_EXPIRY_S,
-            ),
-            # Never pick up proxies from the environment for backend traffic.
-            trust_env=False,
-            follow_redirects=False,
+        # connect and pool waits are bounded by the connect timeout; reads by the request
+        # timeout, per wait for bytes (a long stream is fine, a stalled one is not).
+        self.pool = H1Pool(
+            spec.url,
+            connect_timeout=spec.connect_timeout_ms / 1000,
+            read_timeout=spec.request_timeout_ms / 1000,
+            max_connections=spec.max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
         )
+        self._paths: dict[str, str] = {}
+
+    def target(self, path: str) -> str:
+        """The request target for an API path under this backend's URL (which may carry a
+        path prefix such as /v1 or /v1beta/openai)."""
+        target = self._paths.get(path)
+        if target is None:
+            target = self._paths[path] = urlsplit(join_url(self.url, path)).path
+        return target
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
-            await self.http.aclose()
+            await self.pool.aclose()
 
 
 class ClientSet:

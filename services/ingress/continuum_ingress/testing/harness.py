@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from continuum_common.config import RouterConfig, parse
-
 from continuum_ingress.app import IngressApp
 from continuum_ingress.server import RunningServer
 

@@ -80,10 +80,9 @@ class StubUpstream:
             self.active -= 1
 
     async def _answer(self, path: str, body: dict[str, Any], receive: Receive, send: Send) -> None:
-        if self.hang or self.delay:
-            if await _client_left(receive, None if self.hang else self.delay):
-                self.cancelled += 1
-                return
+        if (self.hang or self.delay) and await _client_left(receive, None if self.hang else self.delay):
+            self.cancelled += 1
+            return
         if self.fail_next > 0:
             self.fail_next -= 1
             await _json(send, self.fail_status, {"error": {"message": f"{self.name} failed", "type": "server_error"}})
@@ -130,7 +129,9 @@ class StubUpstream:
             )
             return
         base = {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-        frames = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+        frames = [
+            {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+        ]
         frames += [
             {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
             for piece in ("hello ", "from ", self.name)
@@ -227,11 +228,17 @@ class StubUpstream:
         }
         frames: list[tuple[str, dict[str, Any]]] = [
             ("message_start", start),
-            ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            ),
             ("ping", {"type": "ping"}),
         ]
         frames += [
-            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}})
+            (
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}},
+            )
             for p in ("hello ", "from ", self.name)
         ]
         frames += [
@@ -258,8 +265,8 @@ class StubUpstream:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _client_left(receive: Receive, timeout: float | None) -> bool:
-    """Wait up to `timeout` (forever when None); True when the client disconnected first."""
+async def _client_left(receive: Receive, wait_s: float | None) -> bool:
+    """Wait up to `wait_s` seconds (forever when None); True when the client disconnected first."""
 
     async def disconnect() -> Message:
         while True:
@@ -268,7 +275,7 @@ async def _client_left(receive: Receive, timeout: float | None) -> bool:
                 return message
 
     try:
-        await asyncio.wait_for(disconnect(), timeout)
+        await asyncio.wait_for(disconnect(), wait_s)
     except TimeoutError:
         return False
     return True

@@ -1,0 +1,244 @@
+"""Ingress overhead benchmark (`python -m bench.ingress_latency`).
+
+Measures what the ingress adds over calling a fast local backend directly, non-streamed chat
+completions over keep-alive HTTP/1.1:
+
+* added latency at concurrency 1 and 64 (p50 / p99 of ingress minus direct), and
+* requests/s through one ingress process at concurrency 64.
+
+Three processes, so the ingress is measured as it runs in production: a minimal canned-answer
+backend (raw asyncio protocol on uvloop, ~20 µs per request), the ingress
+(`python -m continuum_ingress serve`, PrefixAwareHash over 3 backend entries on that server, so
+the Tier 1 path runs), and a load generator (raw asyncio streams on uvloop, one connection per
+concurrent client). Targets (issue 4): <= 1 ms added p50 at concurrency 1, >= 1,500 req/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+import yaml
+
+MODEL = "bench-model"
+SYSTEM = "You are a concise assistant for the Continuum benchmark. " * 4
+BODY = json.dumps(
+    {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say hello."}],
+        "max_tokens": 16,
+        "temperature": 0.7,
+    }
+).encode()
+ANSWER = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 60, "completion_tokens": 2, "total_tokens": 62},
+    }
+).encode()
+
+
+# -- the fast backend ---------------------------------------------------------------------
+class _Backend(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buf = b""
+        self.transport: asyncio.WriteTransport | None = None
+        self.reply = (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(ANSWER)).encode()
+            + b"\r\n\r\n"
+            + ANSWER
+        )
+        self.health = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].lower()
+            length = 0
+            at = head.find(b"content-length:")
+            if at >= 0:
+                length = int(head[at + 15 :].split(b"\r\n", 1)[0])
+            total = end + 4 + length
+            if len(self.buf) < total:
+                return
+            is_get = head.startswith(b"get")
+            self.buf = self.buf[total:]
+            assert self.transport is not None
+            self.transport.write(self.health if is_get else self.reply)
+
+
+async def _serve_backend(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Backend, "127.0.0.1", port, backlog=2048)
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+# -- the load generator -------------------------------------------------------------------
+async def _client(port: int, path: str, deadline: float, latencies: list[float]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = (
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer bench\r\ncontent-length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
+    clock = time.perf_counter
+    while clock() < deadline:
+        start = clock()
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        lower = head.lower()
+        at = lower.find(b"content-length:")
+        length = int(lower[at + 15 :].split(b"\r\n", 1)[0])
+        await reader.readexactly(length)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(head.decode(errors="replace"))
+        latencies.append(clock() - start)
+    writer.close()
+
+
+async def _load(port: int, concurrency: int, seconds: float, warmup: float) -> dict[str, float]:
+    path = "/v1/chat/completions"
+    if warmup:
+        await asyncio.gather(*(_client(port, path, time.perf_counter() + warmup, []) for _ in range(concurrency)))
+    latencies: list[float] = []
+    start = time.perf_counter()
+    await asyncio.gather(*(_client(port, path, start + seconds, latencies) for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+    return {
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+    }
+
+
+# -- orchestration ------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+def _run_load(port: int, concurrency: int, seconds: float, warmup: float) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.ingress_latency", "load", str(port), str(concurrency), str(seconds), str(warmup)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _config(backend_port: int, workdir: Path) -> Path:
+    url = f"http://127.0.0.1:{backend_port}"
+    data = {
+        "selection_strategy": "PrefixAwareHash",
+        "prefix_routing": {"enabled": True},
+        "backends": [
+            {"name": f"b{i}", "url": url, "type": "vllm", "models": [MODEL], "health_check_interval_ms": 5000}
+            for i in range(3)
+        ],
+    }
+    path = workdir / "bench-config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def main_bench(args: argparse.Namespace) -> None:
+    backend_port, ingress_port = _free_port(), _free_port()
+    env = {**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING"}
+    with tempfile.TemporaryDirectory() as tmp:
+        config = _config(backend_port, Path(tmp))
+        backend = subprocess.Popen(
+            [sys.executable, "-m", "bench.ingress_latency", "backend", str(backend_port)], env=env
+        )
+        ingress = subprocess.Popen(
+            [sys.executable, "-m", "continuum_ingress", "serve", "--config", str(config), "--port", str(ingress_port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            _wait_port(backend_port, backend)
+            _wait_port(ingress_port, ingress)
+            rows: list[tuple[int, dict[str, float], dict[str, float]]] = []
+            for concurrency in args.concurrency:
+                direct = [_run_load(backend_port, concurrency, args.seconds, args.warmup) for _ in range(args.repeats)]
+                via = [_run_load(ingress_port, concurrency, args.seconds, args.warmup) for _ in range(args.repeats)]
+                rows.append((concurrency, _median(direct), _median(via)))
+        finally:
+            for proc in (ingress, backend):
+                proc.terminate()
+                proc.wait(10)
+    print(
+        f"{'conc':>4} | {'direct p50':>10} {'p99':>8} | {'ingress p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'ingress req/s':>13}"
+    )
+    for concurrency, d, v in rows:
+        print(
+            f"{concurrency:>4} | {d['p50_ms']:>8.3f}ms {d['p99_ms']:>6.2f}ms | "
+            f"{v['p50_ms']:>9.3f}ms {v['p99_ms']:>6.2f}ms | "
+            f"{v['p50_ms'] - d['p50_ms']:>7.3f}ms {v['p99_ms'] - d['p99_ms']:>6.2f}ms | "
+            f"{v['rps']:>13.0f}"
+        )
+    print("targets: added p50 <= 1 ms at concurrency 1; >= 1500 req/s non-stream through one ingress process")
+
+
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "backend":
+        uvloop.run(_serve_backend(int(sys.argv[2])))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "load":
+        port, concurrency, seconds, warmup = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+        print(json.dumps(uvloop.run(_load(port, concurrency, seconds, warmup))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is reported")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    main_bench(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

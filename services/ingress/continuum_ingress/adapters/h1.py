@@ -1,0 +1,389 @@
+"""A lean pooled HTTP/1.1 client for the forwarding hot path (asyncio protocol + httptools).
+
+Why not httpx here: profiling the ingress at concurrency 64 (docs/ingress.md, "Upstream HTTP
+client") showed 60-80 % of its CPU inside httpcore's pool, which on every request walks every
+pooled connection and polls each idle socket (`has_expired` -> `is_socket_readable`). This pool
+is O(1) per request: idle connections sit on a LIFO stack and a connection the server closed is
+dropped when its `connection_lost` arrives. Parsing is llhttp (httptools, already a uvicorn
+dependency). The health checks use the same pools.
+
+What it does, and all it does:
+* `POST`/`GET` with a complete body, one request per connection at a time, keep-alive reuse;
+* connect timeout, pool-wait timeout (= connect timeout), read timeout per wait for bytes;
+* response bodies as they arrive (Content-Length, chunked - de-chunked by llhttp - or until
+  close), with flow control: past 1 MiB buffered the socket stops being read;
+* closing a response before its end closes the connection (the server sees the disconnect:
+  vLLM aborts the generation);
+* a request that fails on a *reused* connection before any response byte arrived (the server
+  closed it while idle) is sent once more on a fresh connection, as browsers do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import httptools
+
+HIGH_WATER = 1 << 20  # buffered response bytes before the socket is paused
+LOW_WATER = 1 << 18
+
+
+class UpstreamError(Exception):
+    """Base of the client's errors."""
+
+
+class ConnectFailed(UpstreamError):
+    """Could not open a connection (refused, unreachable, TLS, connect or pool timeout)."""
+
+
+class Disconnected(UpstreamError):
+    """The server closed the connection or sent something that is not HTTP."""
+
+
+class ReadTimeout(UpstreamError):
+    """No bytes from the server within the read timeout."""
+
+
+class _Connection(asyncio.Protocol):
+    __slots__ = (
+        "_chunks",
+        "_paused",
+        "_waiter",
+        "buffered",
+        "closed",
+        "complete",
+        "error",
+        "got_bytes",
+        "headers",
+        "headers_done",
+        "keep_alive",
+        "last_used",
+        "loop",
+        "parser",
+        "status",
+        "transport",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.last_used = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.complete = False
+        self.keep_alive = False
+        self.error: UpstreamError | None = None
+        self.got_bytes = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(Disconnected(f"invalid HTTP response: {exc}"))
+            self.close()
+            return
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        return False  # close our side too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.headers_done and not self.complete and exc is None and not self._has_length():
+            self.complete = True  # a body delimited by the end of the connection
+        elif not self.complete:
+            self._fail(Disconnected("the server closed the connection" + (f" ({exc})" if exc else "")))
+        self._wake()
+
+    def pause_writing(self) -> None:  # request bodies are written at once; nothing to pause
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- httptools callbacks ----------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _has_length(self) -> bool:
+        return any(k in (b"content-length", b"transfer-encoding") for k, _ in self.headers)
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self.error is None:
+            self.error = error
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, limit: float) -> None:
+        """Until something happens on the connection (bytes, end, error) or `limit` seconds.
+        (A timer and a future, cheaper than asyncio.timeout on this path.)"""
+        waiter = self._waiter = self.loop.create_future()
+        timer = self.loop.call_later(limit, self._on_timeout, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def _on_timeout(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            self._fail(ReadTimeout("no answer from the server within the read timeout"))
+            waiter.set_result(None)
+
+    def take(self) -> bytes:
+        data = b"".join(self._chunks) if len(self._chunks) > 1 else self._chunks.popleft()
+        self._chunks.clear()
+        self.buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def usable(self, now: float, expiry: float) -> bool:
+        return (
+            not self.closed
+            and self.transport is not None
+            and not self.transport.is_closing()
+            and now - self.last_used < expiry
+        )
+
+
+class Response:
+    """One upstream response. Iterate `stream()` or call `read()`, then always `aclose()`."""
+
+    __slots__ = ("_conn", "_done", "_pool", "_timeout", "headers", "status")
+
+    def __init__(self, pool: H1Pool, conn: _Connection, timeout: float) -> None:
+        self._pool = pool
+        self._conn = conn
+        self._timeout = timeout
+        self._done = False
+        self.status = conn.status
+        self.headers = conn.headers
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        timeout = self._timeout
+        while True:
+            if conn.buffered or conn._chunks:
+                yield conn.take()
+                continue
+            if conn.complete:
+                self._done = True
+                return
+            if conn.error is not None:
+                raise conn.error
+            await conn.wait(timeout)
+
+    async def read(self) -> bytes:
+        parts = [chunk async for chunk in self.stream()]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None  # type: ignore[assignment]
+        if conn is not None:
+            self._pool._release(conn, reusable=self._done and conn.complete and conn.keep_alive)
+
+
+class H1Pool:
+    """Keep-alive connections to one origin (scheme://host:port; a path in `url` is ignored)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        max_connections: int,
+        keepalive_expiry: float = 30.0,
+    ) -> None:
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.tls = parts.scheme == "https"
+        self.port = parts.port or (443 if self.tls else 80)
+        default_port = (self.tls and self.port == 443) or (not self.tls and self.port == 80)
+        self.host_header = (self.host if default_port else f"{self.host}:{self.port}").encode()
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_connections = max_connections
+        self.keepalive_expiry = keepalive_expiry
+        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.tls else None
+        self._idle: list[_Connection] = []
+        self._open = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._closed = False
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        headers: Sequence[tuple[str, str]],
+        body: bytes = b"",
+        *,
+        read_timeout: float | None = None,
+    ) -> Response:
+        """Send one request; returns once the response headers arrived. `path` is the full
+        request target; `read_timeout` overrides the pool's for this request."""
+        limit = self.read_timeout if read_timeout is None else read_timeout
+        head = [f"{method} {path} HTTP/1.1\r\nhost: ".encode(), self.host_header, b"\r\n"]
+        for name, value in headers:
+            head.append(f"{name}: {value}\r\n".encode("latin-1"))
+        if body or method == "POST":
+            head.append(f"content-length: {len(body)}\r\n".encode())
+        head.append(b"\r\n")
+        data = b"".join(head) + body
+        conn, reused = await self._acquire()
+        try:
+            return await self._exchange(conn, data, limit)
+        except Disconnected:
+            if not reused or conn.got_bytes:
+                raise
+        # The idle connection had been closed by the server: once more on a fresh one.
+        conn, _ = await self._acquire(fresh=True)
+        return await self._exchange(conn, data, limit)
+
+    async def _exchange(self, conn: _Connection, data: bytes, limit: float) -> Response:
+        try:
+            conn._reset()
+            assert conn.transport is not None
+            conn.transport.write(data)
+            while not conn.headers_done:
+                if conn.error is not None:
+                    raise conn.error
+                await conn.wait(limit)
+            return Response(self, conn, limit)
+        except BaseException:
+            self._release(conn, reusable=False)
+            raise
+
+    async def _acquire(self, *, fresh: bool = False) -> tuple[_Connection, bool]:
+        if self._closed:
+            raise ConnectFailed("the client is closed")
+        now = time.monotonic()
+        while self._idle and not fresh:
+            conn = self._idle.pop()
+            if conn.usable(now, self.keepalive_expiry):
+                return conn, True
+            self._discard(conn)
+        while self._open >= self.max_connections:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, self.connect_timeout)
+            except TimeoutError:
+                raise ConnectFailed(f"no free connection within {self.connect_timeout:g}s") from None
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            if self._idle and not fresh:
+                return await self._acquire()
+        self._open += 1
+        try:
+            return await self._connect(), False
+        except BaseException:
+            self._open -= 1
+            self._wake_one()
+            raise
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _Connection(loop),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl else None,
+                ),
+                self.connect_timeout,
+            )
+        except TimeoutError:
+            raise ConnectFailed(f"connect timed out after {self.connect_timeout:g}s") from None
+        except (OSError, ssl.SSLError) as exc:
+            raise ConnectFailed(f"{type(exc).__name__}: {exc}") from None
+        return conn
+
+    def _release(self, conn: _Connection, *, reusable: bool) -> None:
+        if reusable and not self._closed and not conn.closed:
+            conn.last_used = time.monotonic()
+            self._idle.append(conn)
+        else:
+            self._discard(conn)
+        self._wake_one()
+
+    def _discard(self, conn: _Connection) -> None:
+        conn.close()
+        self._open -= 1
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            self._discard(conn)
+
+
+def header_value(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
+__all__: list[Any] = ["ConnectFailed", "Disconnected", "H1Pool", "ReadTimeout", "Response", "UpstreamError"]

@@ -1,0 +1,136 @@
+"""`continuum-router up`: the embedded default of DESIGN.md §7 on one machine.
+
+Starts the embedded `nats-server -js` (when `bus.embedded`, the default) with its store under
+`.continuum/` (or `bus.data_dir`), then every service in SERVICES in order, and stops them in
+reverse order on SIGINT/SIGTERM. `--demo` first starts simulated engines and writes a config
+pointing at them to `.continuum/demo-config.yaml` (edit it: hot reload picks changes up).
+
+SERVICES is the registry the other services join as they land: the KV listener (issue 6), the
+indexer (issue 7) and gemini-cache (issue 8) each add one `Service` entry whose `run()` gets the
+UpContext (config, NATS URL, data directory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from continuum_common.config import RouterConfig, load_router_config
+from continuum_common.errors import ConfigError
+from continuum_common.procs import NatsServer
+from continuum_ingress.app import IngressApp
+from continuum_ingress.demo import banner as demo_banner
+from continuum_ingress.demo import demo_config, demo_engines
+from continuum_ingress.run import install_stop_signals
+from continuum_ingress.server import RunningServer
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = Path(".continuum")
+
+
+@dataclass(frozen=True)
+class UpContext:
+    config_path: Path
+    config: RouterConfig
+    nats_url: str | None
+    data_dir: Path
+    host: str | None = None
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    # Runs the service until the context exits; yields a one-line description (e.g. its URL).
+    run: Callable[[UpContext], AbstractAsyncContextManager[str]]
+
+
+@contextlib.asynccontextmanager
+async def _ingress(ctx: UpContext) -> AsyncIterator[str]:
+    app = IngressApp(ctx.config_path)
+    server_cfg = ctx.config.server
+    host = ctx.host or server_cfg.host
+    port = server_cfg.port if ctx.port is None else ctx.port
+    async with RunningServer(app.asgi, host, port) as server:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            import signal
+
+            loop.add_signal_handler(signal.SIGHUP, app.reload)
+        yield server.url
+
+
+# The services `up` runs, in start order. Issues 6/7/8 add: listener, indexer, gemini-cache.
+SERVICES: list[Service] = [Service("ingress", _ingress)]
+
+
+@contextlib.asynccontextmanager
+async def _nats(config: RouterConfig, data_dir: Path) -> AsyncIterator[str | None]:
+    if not config.bus.embedded:
+        yield config.bus.url
+        return
+    nats_dir = Path(config.bus.data_dir) if config.bus.data_dir else data_dir / "nats"
+    server = NatsServer(data_dir=nats_dir, port=config.bus.embedded_port)
+    await server.start()
+    log.info("embedded nats-server (JetStream) on %s, store in %s", server.url, nats_dir)
+    try:
+        yield server.url
+    finally:
+        await server.stop()
+
+
+def _make_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+async def up(
+    config_path: str | None,
+    *,
+    demo: bool = False,
+    host: str | None = None,
+    port: int | None = None,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[str], None] | None = None,
+    state_dir: Path = STATE_DIR,
+) -> None:
+    if config_path is None and not demo:
+        raise ConfigError("up needs --config FILE (or CONTINUUM_CONFIG), or --demo")
+    stop = stop or asyncio.Event()
+    if on_ready is None:
+        install_stop_signals(stop)
+    _make_dir(state_dir)
+    async with contextlib.AsyncExitStack() as stack:
+        engines = await stack.enter_async_context(demo_engines()) if demo else []
+        if config_path is None:
+            data = demo_config(engines, host=host or "127.0.0.1", port=8080 if port is None else port)
+            path = _write_yaml(state_dir / "demo-config.yaml", data)
+        else:
+            path = Path(config_path)
+        config = load_router_config(path)
+        nats_url = await stack.enter_async_context(_nats(config, state_dir))
+        ctx = UpContext(path, config, nats_url, state_dir, host, port)
+        described: dict[str, str] = {}
+        for service in SERVICES:
+            described[service.name] = await stack.enter_async_context(service.run(ctx))
+            log.info("%s: %s", service.name, described[service.name])
+        url = described["ingress"]
+        if on_ready is not None:
+            on_ready(url)
+        else:
+            print(demo_banner(url, demo=demo, engines=len(engines), services=list(described)), flush=True)
+        await stop.wait()
+        log.info("stopping: %s", ", ".join(reversed(described)))
