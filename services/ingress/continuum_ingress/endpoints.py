@@ -109,6 +109,13 @@ class ForwardEndpoint:
                     channel.status = 499  # nginx's "client closed request", for our own metrics
         except ClientGone:
             channel.status = 499
+        except Exception:
+            # A bug, not bad input: log it, and answer 500 in the provider's shape if we still can.
+            log.exception("unexpected error serving request %s", info.request_id)
+            if channel.started:
+                raise
+            internal = RequestError(500, "Internal error in the router.", kind="internal", code="internal_error")
+            await channel.error(api.error_style, internal, info.request_id)
         finally:
             self.holder.release(snapshot)
             if channel.status:
