@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from continuum_common.config import RouterConfig, parse
 from continuum_ingress.app import IngressApp
 from continuum_ingress.server import RunningServer
+from continuum_ingress.testing.upstream import RunningStub
 
 
 class RunningIngress:
@@ -20,6 +21,16 @@ class RunningIngress:
     @property
     def url(self) -> str:
         return self.server.url
+
+
+def stub_backends(
+    stubs: Sequence[RunningStub], *, type: str = "vllm", models: Sequence[str] = ("m",), **extra: Any
+) -> list[dict[str, Any]]:
+    """Backend entries for running stubs (health checks every 100 ms so tests see them fast)."""
+    return [
+        {"name": s.name, "url": s.url, "type": type, "models": list(models), "health_check_interval_ms": 100, **extra}
+        for s in stubs
+    ]
 
 
 def router_config(data: dict[str, Any]) -> RouterConfig:

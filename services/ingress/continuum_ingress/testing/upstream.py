@@ -43,6 +43,7 @@ class StubUpstream:
     fail_status: int = 500
     delay: float = 0.0  # seconds before answering (the client may give up meanwhile)
     hang: bool = False  # never answer; wait for the client to disconnect
+    hold: asyncio.Event | None = None  # answer only once this is set
     chunk_delay: float = 0.0
     break_stream_after: int | None = None
     health_status: int = 200
@@ -81,6 +82,9 @@ class StubUpstream:
 
     async def _answer(self, path: str, body: dict[str, Any], receive: Receive, send: Send) -> None:
         if (self.hang or self.delay) and await _client_left(receive, None if self.hang else self.delay):
+            self.cancelled += 1
+            return
+        if self.hold is not None and not self.hold.is_set() and await _client_left(receive, None, self.hold):
             self.cancelled += 1
             return
         if self.fail_next > 0:
@@ -265,8 +269,9 @@ class StubUpstream:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _client_left(receive: Receive, wait_s: float | None) -> bool:
-    """Wait up to `wait_s` seconds (forever when None); True when the client disconnected first."""
+async def _client_left(receive: Receive, wait_s: float | None, until: asyncio.Event | None = None) -> bool:
+    """Wait up to `wait_s` seconds (forever when None), or until `until` is set; True when the
+    client disconnected first."""
 
     async def disconnect() -> Message:
         while True:
@@ -274,11 +279,16 @@ async def _client_left(receive: Receive, wait_s: float | None) -> bool:
             if message["type"] == "http.disconnect":
                 return message
 
+    watch = asyncio.ensure_future(disconnect())
+    waits: set[asyncio.Future[Any]] = {watch}
+    if until is not None:
+        waits.add(asyncio.ensure_future(until.wait()))
     try:
-        await asyncio.wait_for(disconnect(), wait_s)
-    except TimeoutError:
-        return False
-    return True
+        done, _ = await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for fut in waits:
+            fut.cancel()
+    return watch in done
 
 
 async def _json(send: Send, status: int, payload: object, name: str | None = None) -> None:
@@ -306,11 +316,17 @@ class RunningStub:
 
 @contextlib.asynccontextmanager
 async def running_stubs(*names: str) -> AsyncIterator[list[RunningStub]]:
-    """Start one StubUpstream per name on free loopback ports; stop them all on exit."""
-    async with contextlib.AsyncExitStack() as stack:
-        out = []
+    """Start one StubUpstream per name on free loopback ports; stop them all on exit (together:
+    uvicorn notices a stop request on its 0.1 s tick)."""
+    out: list[RunningStub] = []
+    try:
         for name in names:
             stub = StubUpstream(name)
-            server = await stack.enter_async_context(RunningServer(stub))
+            server = RunningServer(stub)
+            await server.__aenter__()
             out.append(RunningStub(stub, server))
         yield out
+    finally:
+        for running in out:
+            running.server.server.should_exit = True
+        await asyncio.gather(*(running.server.stop() for running in out))
