@@ -57,7 +57,11 @@ async def test_5xx_before_the_first_byte_is_retried_once_on_the_next_backend(bod
             r = await c.post("/v1/chat/completions", json=body)
             retries = await counter(c, "continuum_ingress_retries_total")
     assert r.status_code == 200 and r.headers["x-continuum-backend"] == "b"
-    assert r.text.endswith("data: [DONE]\n\n") if body is STREAM else r.json()["choices"][0]["message"]["content"] == "hello from b"
+    assert (
+        r.text.endswith("data: [DONE]\n\n")
+        if body is STREAM
+        else r.json()["choices"][0]["message"]["content"] == "hello from b"
+    )
     assert (len(a.requests), len(b.requests)) == (1, 1)
     assert retries['{reason="server_error"}'] == 1
 
@@ -113,24 +117,28 @@ async def test_read_timeout_is_a_504_without_retry() -> None:
 
 
 async def test_no_healthy_backend_is_a_503_and_recovery_is_automatic() -> None:
-    async with running_stubs("a", "b") as stubs:
-        async with running_ingress({"backends": stub_backends(stubs)}) as ing, http(ing) as c:
-            for s in stubs:
-                s.stub.health_status = 503
-            await asyncio.sleep(0.5)  # two failed checks at 100 ms
-            r = await c.post("/v1/chat/completions", json=BODY)
-            assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_backend"
-            r = await c.post(
-                "/anthropic/v1/messages", json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
-            )
-            assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
-            assert sum(len(s.stub.requests) for s in stubs) == 0
-            ready = (await c.get("/readyz")).json()
-            assert ready["healthy_backends"] == 0
-            stubs[1].stub.health_status = 200
-            await asyncio.sleep(0.3)
-            r = await c.post("/v1/chat/completions", json=BODY)
-            assert r.status_code == 200 and r.headers["x-continuum-backend"] == "b"
+    async with (
+        running_stubs("a", "b") as stubs,
+        running_ingress({"backends": stub_backends(stubs)}) as ing,
+        http(ing) as c,
+    ):
+        for s in stubs:
+            s.stub.health_status = 503
+        await asyncio.sleep(0.5)  # two failed checks at 100 ms
+        r = await c.post("/v1/chat/completions", json=BODY)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_backend"
+        r = await c.post(
+            "/anthropic/v1/messages",
+            json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        )
+        assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
+        assert sum(len(s.stub.requests) for s in stubs) == 0
+        ready = (await c.get("/readyz")).json()
+        assert ready["healthy_backends"] == 0
+        stubs[1].stub.health_status = 200
+        await asyncio.sleep(0.3)
+        r = await c.post("/v1/chat/completions", json=BODY)
+        assert r.status_code == 200 and r.headers["x-continuum-backend"] == "b"
 
 
 async def test_client_disconnect_cancels_the_upstream_request() -> None:

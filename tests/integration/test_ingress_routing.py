@@ -58,14 +58,20 @@ async def test_round_robin_and_weighted_round_robin() -> None:
         weighted = stub_backends(stubs)
         for entry, weight in zip(weighted, (3, 1, 1), strict=True):
             entry["weight"] = weight
-        async with running_ingress({"backends": weighted, "selection_strategy": "WeightedRoundRobin"}) as ing, http(ing) as c:
+        async with (
+            running_ingress({"backends": weighted, "selection_strategy": "WeightedRoundRobin"}) as ing,
+            http(ing) as c,
+        ):
             assert collections.Counter(await picks(c, 50, chat())) == {"a": 30, "b": 10, "c": 10}
 
 
 async def test_least_latency_prefers_the_fast_backend() -> None:
     async with running_stubs("slow", "fast", "slower") as stubs:
         stubs[0].stub.delay, stubs[2].stub.delay = 0.03, 0.06
-        async with running_ingress({"backends": stub_backends(stubs), "selection_strategy": "LeastLatency"}) as ing, http(ing) as c:
+        async with (
+            running_ingress({"backends": stub_backends(stubs), "selection_strategy": "LeastLatency"}) as ing,
+            http(ing) as c,
+        ):
             counts = collections.Counter(await picks(c, 20, chat()))
     # Each backend is measured once (no sample yet), then the fast one takes everything.
     assert counts["fast"] >= 17 and counts["slow"] == 1 and counts["slower"] == 1
@@ -95,7 +101,11 @@ async def test_consistent_hash_on_session_header_and_user_field() -> None:
 
 async def test_prefix_aware_hash_keeps_one_system_prompt_on_one_backend() -> None:
     async with running_stubs("a", "b", "c") as stubs:
-        cfg = {"backends": stub_backends(stubs), "selection_strategy": "PrefixAwareHash", "prefix_routing": {"enabled": True}}
+        cfg = {
+            "backends": stub_backends(stubs),
+            "selection_strategy": "PrefixAwareHash",
+            "prefix_routing": {"enabled": True},
+        }
         async with running_ingress(cfg) as ing, http(ing) as c:
             one = await picks(c, 20, chat("You are the billing assistant.", user="q1"))
             assert len(set(one)) == 1
@@ -104,7 +114,11 @@ async def test_prefix_aware_hash_keeps_one_system_prompt_on_one_backend() -> Non
                 many.update(await picks(c, 1, chat(f"Tenant {i} system prompt")))
             assert many == {"a", "b", "c"}
             labels = await metric(c, "continuum_prefix_routing_requests_total")
-            assert labels == {'{strategy="prefix_hash"}': 60.0, '{strategy="overflow"}': 0.0, '{strategy="fallback"}': 0.0}
+            assert labels == {
+                '{strategy="prefix_hash"}': 60.0,
+                '{strategy="overflow"}': 0.0,
+                '{strategy="fallback"}': 0.0,
+            }
 
 
 async def test_prefix_aware_hash_overflows_past_the_bound_with_labels_counted() -> None:
@@ -237,4 +251,3 @@ async def test_admin_prefix_routing_stats_shape(monkeypatch: pytest.MonkeyPatch)
         ],
         "unique_prefixes": 25,
     }
-

@@ -19,7 +19,9 @@ async def test_openai_sdk_every_endpoint() -> None:
             model="m", messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
         )
         assert chat.choices[0].message.content == "hello from v1"
-        stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
         pieces = [c.choices[0].delta.content async for c in stream if c.choices and c.choices[0].delta.content]
         assert "".join(pieces) == "hello from v1"
         completion = await client.completions.create(model="m", prompt="say hi")
@@ -89,21 +91,27 @@ def stub_backends_for(backend_type: str, extra: dict[str, object]):  # type: ign
 
 
 async def test_anthropic_old_sdk_headers_are_accepted() -> None:
-    async with running_stubs("claude") as stubs:
-        async with running_ingress({"backends": stub_backends(stubs, type="anthropic")}) as ing:
-            client = anthropic.AsyncAnthropic(
-                api_key="ak-old",
-                base_url=f"{ing.url}/anthropic",
-                max_retries=0,
-                default_headers={"anthropic-version": "2023-06-01", "x-api-key": "ak-old", "Authorization": anthropic.Omit()},
-            )
-            msg = await client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
-            assert msg.content[0].text == "hello from claude"  # type: ignore[union-attr]
-            sent = stubs[0].stub.requests[0].headers
-            assert sent["x-api-key"] == "ak-old" and sent["anthropic-version"] == "2023-06-01"
-            with pytest.raises(anthropic.BadRequestError) as bad:
-                await client.messages.create(model="m", max_tokens=8, messages=[])  # type: ignore[arg-type]
-            assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
-            with pytest.raises(anthropic.NotFoundError):
-                await client.messages.create(model="other", max_tokens=8, messages=[{"role": "user", "content": "x"}])
-            assert len(stubs[0].stub.requests) == 1
+    async with (
+        running_stubs("claude") as stubs,
+        running_ingress({"backends": stub_backends(stubs, type="anthropic")}) as ing,
+    ):
+        client = anthropic.AsyncAnthropic(
+            api_key="ak-old",
+            base_url=f"{ing.url}/anthropic",
+            max_retries=0,
+            default_headers={
+                "anthropic-version": "2023-06-01",
+                "x-api-key": "ak-old",
+                "Authorization": anthropic.Omit(),
+            },
+        )
+        msg = await client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        assert msg.content[0].text == "hello from claude"  # type: ignore[union-attr]
+        sent = stubs[0].stub.requests[0].headers
+        assert sent["x-api-key"] == "ak-old" and sent["anthropic-version"] == "2023-06-01"
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            await client.messages.create(model="m", max_tokens=8, messages=[])  # type: ignore[arg-type]
+        assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+        with pytest.raises(anthropic.NotFoundError):
+            await client.messages.create(model="other", max_tokens=8, messages=[{"role": "user", "content": "x"}])
+        assert len(stubs[0].stub.requests) == 1

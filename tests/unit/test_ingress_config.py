@@ -27,7 +27,10 @@ def _write(path: Path, data: dict[str, object]) -> Path:
 def _cfg(*names: str, strategy: str = "RoundRobin") -> dict[str, object]:
     return {
         "selection_strategy": strategy,
-        "backends": [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "type": "vllm", "models": ["m"]} for i, n in enumerate(names)],
+        "backends": [
+            {"name": n, "url": f"http://127.0.0.1:{9000 + i}", "type": "vllm", "models": ["m"]}
+            for i, n in enumerate(names)
+        ],
     }
 
 
@@ -39,7 +42,7 @@ def _holder(source: Path) -> tuple[ConfigHolder, ClientSet]:
 
 def test_reload_swaps_and_bad_files_keep_the_running_snapshot(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = _write(tmp_path / "c.yaml", _cfg("a", "b"))
-    holder, clients = _holder(path)
+    holder, _ = _holder(path)
     first = holder.acquire()  # a request in flight
     assert first.route(Api.CHAT, "m") == ("a", "b")
     _write(path, _cfg("a", "c", strategy="WeightedRoundRobin"))
@@ -59,7 +62,9 @@ def test_reload_swaps_and_bad_files_keep_the_running_snapshot(tmp_path: Path, ca
     assert "backends[0].name" in caplog.text and holder.reloads_failed == 1
 
 
-def test_missing_secret_fails_reload_without_touching_live_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_secret_fails_reload_without_touching_live_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = _write(tmp_path / "c.yaml", _cfg("a"))
     holder, _ = _holder(path)
     data = _cfg("a", "b")

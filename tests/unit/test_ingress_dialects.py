@@ -11,7 +11,9 @@ from continuum_ingress.snapshot import split_tokens
 
 def test_join_url_does_not_repeat_a_version_prefix() -> None:
     assert join_url("http://h:8000", "/v1/chat/completions") == "http://h:8000/v1/chat/completions"
-    assert join_url("https://api.openai.com/v1/", "/v1/chat/completions") == "https://api.openai.com/v1/chat/completions"
+    assert (
+        join_url("https://api.openai.com/v1/", "/v1/chat/completions") == "https://api.openai.com/v1/chat/completions"
+    )
     assert (
         join_url("https://generativelanguage.googleapis.com/v1beta/openai", "/v1beta/openai/chat/completions")
         == "https://generativelanguage.googleapis.com/v1beta/openai/chat/completions"
@@ -41,7 +43,9 @@ def test_auth_headers() -> None:
     assert not any(k == "authorization" for k, _ in anth)
     old_sdk = ClientHeaders(x_api_key="ak", anthropic_beta="b1")
     anth = d["anthropic"].headers(Api.MESSAGES, None, old_sdk)
-    assert ("x-api-key", "ak") in anth and ("anthropic-version", "2023-06-01") in anth and ("anthropic-beta", "b1") in anth
+    assert (
+        ("x-api-key", "ak") in anth and ("anthropic-version", "2023-06-01") in anth and ("anthropic-beta", "b1") in anth
+    )
     assert ("authorization", "Bearer g") in d["gemini"].headers(Api.CHAT, "g", ClientHeaders())
 
 

@@ -76,17 +76,28 @@ def test_cache_control_rules() -> None:
     assert not should_inject("vllm", True, True)  # native Anthropic backends only
     body = {"model": "c", "system": "be brief", "messages": [{"role": "user", "content": "x"}]}
     new = inject_cache_control(body)
-    assert new is not None and new["system"] == [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}]
+    assert new is not None and new["system"] == [
+        {"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}
+    ]
     assert body["system"] == "be brief"  # the caller's body is untouched
     blocks = {**body, "system": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
     new = inject_cache_control(blocks)
-    assert new is not None and "cache_control" not in new["system"][0] and new["system"][1]["cache_control"] == {"type": "ephemeral"}
+    assert (
+        new is not None
+        and "cache_control" not in new["system"][0]
+        and new["system"][1]["cache_control"] == {"type": "ephemeral"}
+    )
     assert "cache_control" not in blocks["system"][1]
     assert inject_cache_control({"model": "c", "messages": []}) is None  # no system prompt
     assert inject_cache_control({**body, "system": ""}) is None
     for already in (
         {**body, "cache_control": {"type": "ephemeral"}},
-        {**body, "messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]},
+        {
+            **body,
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}
+            ],
+        },
         {**body, "tools": [{"name": "t", "input_schema": {}, "cache_control": {"type": "ephemeral"}}]},
         {**body, "system": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
     ):

@@ -25,10 +25,19 @@ def test_valid_requests_parse() -> None:
     assert (chat.model, chat.stream, chat.user) == ("m", True, "u1")
     msg = parse_request(
         Api.MESSAGES,
-        orjson.dumps({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "metadata": {"user_id": "s"}}),
+        orjson.dumps(
+            {
+                "model": "c",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "x"}],
+                "metadata": {"user_id": "s"},
+            }
+        ),
     )
     assert (msg.model, msg.stream, msg.user) == ("c", False, "s")
-    emb = parse_request(Api.EMBEDDINGS, orjson.dumps({"model": "e", "input": [[1, 2], [3]], "encoding_format": "base64"}))
+    emb = parse_request(
+        Api.EMBEDDINGS, orjson.dumps({"model": "e", "input": [[1, 2], [3]], "encoding_format": "base64"})
+    )
     assert emb.model == "e"
     comp = parse_request(Api.COMPLETIONS, orjson.dumps({"model": "m", "prompt": [1, 2, 3]}))
     assert comp.api is Api.COMPLETIONS
@@ -88,11 +97,20 @@ def test_chat_rejects_with_param(body: dict[str, object], param: str) -> None:
         (Api.MESSAGES, {"model": "c", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
         (Api.MESSAGES, {"model": "c", "max_tokens": "5", "messages": []}, "max_tokens"),
         (Api.MESSAGES, {"model": "c", "max_tokens": 5}, "messages"),
-        (Api.MESSAGES, {"model": "c", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        (
+            Api.MESSAGES,
+            {"model": "c", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+            "messages.0.role",
+        ),
         (Api.MESSAGES, {"model": "c", "max_tokens": 5, "messages": [{"role": "user"}]}, "messages.0.content"),
         (
             Api.MESSAGES,
-            {"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "system": [{"type": "image"}]},
+            {
+                "model": "c",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "x"}],
+                "system": [{"type": "image"}],
+            },
             "system.0.type",
         ),
         (
@@ -115,7 +133,12 @@ def test_error_bodies_have_the_provider_shapes() -> None:
     error = InvalidRequest("bad thing", param="messages[0].role", code="invalid_value")
     openai = orjson.loads(error_body(ErrorStyle.OPENAI, error, "rid"))
     assert openai == {
-        "error": {"message": "bad thing", "type": "invalid_request_error", "param": "messages[0].role", "code": "invalid_value"}
+        "error": {
+            "message": "bad thing",
+            "type": "invalid_request_error",
+            "param": "messages[0].role",
+            "code": "invalid_value",
+        }
     }
     anthropic = orjson.loads(error_body(ErrorStyle.ANTHROPIC, error, "rid"))
     assert anthropic == {

@@ -113,7 +113,9 @@ def test_prefix_aware_hash_sticks_then_overflows_then_falls_back() -> None:
 def test_prefix_aware_hash_spreads_distinct_prefixes() -> None:
     pah = PrefixAwareHash(RingCache(150, 0.25))
     cands = [C("a"), C("b"), C("c")]
-    counts = collections.Counter(pah.choose(cands, SelectionInput("m", _key(f"p{i}"), None)).backend for i in range(900))
+    counts = collections.Counter(
+        pah.choose(cands, SelectionInput("m", _key(f"p{i}"), None)).backend for i in range(900)
+    )
     assert all(200 < n < 400 for n in counts.values())
 
 
