@@ -55,7 +55,28 @@ def _embedder_signature(cfg: RouterConfig) -> tuple[object, ...] | None:
     return (backend.url, backend.api_key_env, backend.api_key_file, sem.embedding_model, sem.embedding_timeout_ms)
 
 
-def _build_semantic(cfg: RouterConfig, http_client: httpx.AsyncClient, metrics: CacheMetrics) -> SemanticLayer | None:
+class _HttpClientHolder:
+    """The embedding calls' HTTP client: the one given, else one made on first use (and closed
+    with the cache). Lazy, because most deployments never enable the semantic path."""
+
+    def __init__(self, client: httpx.AsyncClient | None) -> None:
+        self._client = client
+        self._owned: httpx.AsyncClient | None = None
+
+    def get(self) -> httpx.AsyncClient:
+        if self._client is None:
+            # Embedding calls are short and one per eligible miss: a small pool suffices.
+            self._client = self._owned = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=32, max_keepalive_connections=8)
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._owned is not None:
+            await self._owned.aclose()
+
+
+def _build_semantic(cfg: RouterConfig, http: _HttpClientHolder, metrics: CacheMetrics) -> SemanticLayer | None:
     sem = cfg.response_cache.semantic
     signature = _embedder_signature(cfg)
     if signature is None or sem.embedding_model is None:
@@ -65,7 +86,7 @@ def _build_semantic(cfg: RouterConfig, http_client: httpx.AsyncClient, metrics: 
         return None
     backend = next(b for b in cfg.backends if b.name == sem.backend)
     embedder = HttpEmbeddingClient(
-        http_client,
+        http.get(),
         backend_url=backend.url,
         model=sem.embedding_model,
         timeout_ms=sem.embedding_timeout_ms,
@@ -108,31 +129,27 @@ def build_response_cache(
         )
     else:
         store = InMemoryCacheStore(rc.capacity)
-    if http_client is None:
-        # Used only by the semantic path; a small pool of its own (embedding calls are short).
-        http_client = httpx.AsyncClient(limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
-        owned.append(http_client)
+    http = _HttpClientHolder(http_client)
+    owned.append(http)
     cache = ResponseCache(
         store,
         policy=CachePolicy.from_config(rc),
         metrics=metrics,
         backend=rc.backend,
         capacity=rc.capacity,
-        semantic=_build_semantic(cfg, http_client, metrics),
+        semantic=_build_semantic(cfg, http, metrics),
         owned=tuple(owned),
     )
-    cache.reloader = lambda c, new_cfg, new_client: _reload(c, new_cfg, new_client, http_client)
+    cache.reloader = lambda c, new_cfg, new_client: _reload(c, new_cfg, new_client, http)
     return cache
 
 
-def _reload(
-    cache: ResponseCache, cfg: RouterConfig, redis_client: RedisClient | None, http_client: httpx.AsyncClient
-) -> None:
+def _reload(cache: ResponseCache, cfg: RouterConfig, redis_client: RedisClient | None, http: _HttpClientHolder) -> None:
     rc = cfg.response_cache
     # Build what can fail (a secret that cannot be read) before changing anything.
     signature = _embedder_signature(cfg)
     keep_semantic = cache.semantic is not None and signature is not None and cache.semantic.signature == signature
-    semantic = cache.semantic if keep_semantic else _build_semantic(cfg, http_client, cache.metrics)
+    semantic = cache.semantic if keep_semantic else _build_semantic(cfg, http, cache.metrics)
     if rc.backend != cache.backend:
         log.warning(
             "response_cache.backend changed from %s to %s: a backend change needs a restart; keeping %s",
