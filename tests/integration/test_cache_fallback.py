@@ -197,3 +197,17 @@ async def test_monitor_stops_with_its_owner(fresh_redis_server: RedisServer) -> 
     assert len(tasks) == 1
     await cache.aclose()
     assert tasks[0].done()
+
+
+async def test_redis_down_from_the_start_serves_from_memory() -> None:
+    registry = CollectorRegistry()
+    async with build(f"redis://127.0.0.1:{free_port()}", registry) as cache:
+        assert await serve(cache, "q") is CacheStatus.MISS
+        assert await serve(cache, "q") is CacheStatus.HIT
+        assert registry.get_sample_value("continuum_cache_fallback_active") == 1
+        assert registry.get_sample_value("continuum_cache_redis_errors_total") >= 1
+        stats = await cache.stats()
+        assert stats["entries"] == 1 and stats["redis"]["mode"] == "memory"
+        result = await cache.invalidate_all()
+        assert result["success"] is False and result["cleared_entries"] == 1
+        assert await serve(cache, "q") is CacheStatus.MISS
