@@ -197,9 +197,9 @@ async def test_a_second_ingress_process_answers_a_hit(
         if stream is None:
             assert await cache.store(miss, status=200, headers=JSON, body=BODY)
         else:
-            rec = cache.recorder(miss, status=200, headers={"content-type": "text/event-stream"})
+            rec = cache.recorder(miss)
             assert rec is not None
             rec.feed(stream)
-            assert await rec.finish()
+            assert await rec.commit(200, {"content-type": "text/event-stream"})
     after = await _lookup_in_another_process(redis_server.url, route, body)
     assert after == {"status": "HIT", "body": (stream or BODY).decode()}

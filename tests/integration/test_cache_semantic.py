@@ -276,3 +276,16 @@ async def test_semantic_bodies_go_to_the_sem_key_space_in_redis(
             assert cache.semantic is not None and len(cache.semantic.index) == 0
     finally:
         await raw.aclose()
+
+
+async def test_a_recorded_whole_answer_is_indexed_too(embedder: EmbeddingServer) -> None:
+    async with build_response_cache(config(embedder.url), registry=CollectorRegistry()) as cache:
+        miss = await cache.lookup(ask("What is the capital of France?"))
+        rec = cache.recorder(miss)
+        assert rec is not None
+        rec.feed(ANSWER[:10])
+        rec.feed(ANSWER[10:])
+        assert await rec.commit(200, JSON)
+        hit = await cache.lookup(ask("capital of France, please"))
+        assert hit.headers.get("X-Cache-Mode") == "semantic"
+        assert hit.response is not None and hit.response.body == ANSWER

@@ -121,18 +121,28 @@ async def test_stream_miss_records_then_hit_replays_identically(route: str, stre
     body = chat(stream=True, max_tokens=20)
     miss = await cache.lookup(req(body, route=route))
     assert miss.status is CacheStatus.MISS and miss.stream
-    assert cache.recorder(miss, status=500, headers=SSE) is None
-    rec = cache.recorder(miss, status=200, headers=SSE)
+    rec = cache.recorder(miss)
     assert rec is not None
     for chunk in random_chunks(stream, random.Random(0)):
         rec.feed(chunk)
-    assert await rec.finish()
-    assert not await rec.finish()  # once only
+    assert await rec.commit(200, SSE)
+    assert not await rec.commit(200, SSE)  # once only
     hit = await cache.lookup(req(body, route=route))
     assert hit.status is CacheStatus.HIT and hit.response is not None and hit.response.is_stream
     assert b"".join(hit.response.chunks()) == stream
+    assert hit.response.headers == (("content-type", "text/event-stream"),)
     # A stream entry never answers the non-stream request, nor the other way round.
     assert (await cache.lookup(req(chat(max_tokens=20), route=route))).status is CacheStatus.MISS
+
+
+async def test_stream_with_an_error_status_is_not_stored() -> None:
+    cache = make()
+    miss = await cache.lookup(req(chat(stream=True)))
+    rec = cache.recorder(miss)
+    assert rec is not None
+    rec.feed(openai_stream(["a"]))
+    assert not await rec.commit(500, SSE)
+    assert (await cache.lookup(req(chat(stream=True)))).status is CacheStatus.MISS
 
 
 async def test_interrupted_and_oversized_streams_are_not_cached() -> None:
@@ -140,24 +150,46 @@ async def test_interrupted_and_oversized_streams_are_not_cached() -> None:
     cache = make(max_stream_buffer_size=len(stream) - 1)
     body = chat(stream=True)
     miss = await cache.lookup(req(body))
-    rec = cache.recorder(miss, status=200, headers=SSE)
+    rec = cache.recorder(miss)
     assert rec is not None
     rec.feed(stream)
-    assert not await rec.finish()  # oversized
+    assert not await rec.commit(200, SSE)  # oversized
     cache2 = make()
     miss2 = await cache2.lookup(req(body))
-    rec2 = cache2.recorder(miss2, status=200, headers=SSE)
+    rec2 = cache2.recorder(miss2)
     assert rec2 is not None
     rec2.feed(stream[: len(stream) // 2])
-    rec2.abort("client disconnected")
-    assert not await rec2.finish()
+    rec2.abort()  # client disconnected
+    assert not await rec2.commit(200, SSE)
+    rec3 = cache2.recorder(miss2)
+    assert rec3 is not None
+    rec3.feed(stream[: len(stream) // 2])
+    assert not await rec3.commit(200, SSE)  # upstream ended without [DONE]
     assert (await cache2.lookup(req(body))).status is CacheStatus.MISS
+
+
+async def test_whole_bodies_can_be_recorded_chunk_by_chunk() -> None:
+    cache = make(max_response_size=len(BODY))
+    miss = await cache.lookup(req(chat()))
+    rec = cache.recorder(miss)
+    assert rec is not None and rec.stream is None
+    for i in range(0, len(BODY), 7):
+        rec.feed(BODY[i : i + 7])
+    assert await rec.commit(200, JSON)
+    hit = await cache.lookup(req(chat()))
+    assert hit.response is not None and hit.response.body == BODY
+    big = cache.recorder(await cache.lookup(req(chat("other"))))
+    assert big is not None
+    big.feed(BODY)
+    big.feed(b" ")
+    assert not await big.commit(200, JSON) and big.failure == "oversized"
+    assert cache.recorder(await cache.lookup(req(chat(temperature=1)))) is None  # BYPASS: nothing to record
 
 
 async def test_stream_not_recorded_when_buffering_off() -> None:
     cache = make(stream_buffering=False)
     looked = await cache.lookup(req(chat(stream=True)))
-    assert looked.status is CacheStatus.BYPASS and cache.recorder(looked, status=200, headers=SSE) is None
+    assert looked.status is CacheStatus.BYPASS and cache.recorder(looked) is None
 
 
 async def test_stats_document_has_the_seed_shape() -> None:

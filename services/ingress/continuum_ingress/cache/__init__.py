@@ -12,7 +12,7 @@ from continuum_ingress.cache.errors import (
     EntryFormatError,
     InvalidateRequestError,
 )
-from continuum_ingress.cache.facade import CacheLookup, CacheRequest, CacheStatus, ResponseCache, StreamRecording
+from continuum_ingress.cache.facade import CacheLookup, CacheRequest, CacheStatus, ResponseCache, ResponseRecording
 from continuum_ingress.cache.factory import build_response_cache
 from continuum_ingress.cache.fallback import FallbackCacheStore
 from continuum_ingress.cache.memory import InMemoryCacheStore
@@ -39,7 +39,7 @@ __all__ = [
     "InMemoryCacheStore",
     "InvalidateRequestError",
     "ResponseCache",
+    "ResponseRecording",
     "Route",
-    "StreamRecording",
     "build_response_cache",
 ]

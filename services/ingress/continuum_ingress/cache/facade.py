@@ -6,21 +6,23 @@ Per request:
     response headers += lookup.headers               # X-Cache: HIT|MISS|BYPASS (+ X-Cache-Mode)
     if lookup.response is not None:                  # HIT: answer without calling a backend
         replay lookup.response.status / .headers / .chunks()
-    else:                                            # MISS or BYPASS: call the backend, then
-        non-stream: await cache.store(lookup, status=..., headers=..., body=...)
-        stream:     rec = cache.recorder(lookup, status=..., headers=...)
-                    for each chunk: send it, then rec.feed(chunk)    (rec may be None)
-                    at the end:   await rec.finish()   on failure/disconnect: rec.abort()
+    else:                                            # MISS or BYPASS: call the backend, and
+        rec = cache.recorder(lookup)                 # None unless a MISS worth recording
+        for each body chunk: send it to the client, then rec.feed(chunk)
+        answer complete:       await rec.commit(status, headers)    (stores it if storable)
+        error / client gone:   rec.abort()
+
+(`await cache.store(lookup, status=, headers=, body=)` does the same for a whole body at once.)
 
 Nothing here raises into the request path: store outages become misses (fallback.py), bad
-entries become misses, and store/finish report False instead of raising.
+entries become misses, and store/commit report False instead of raising.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -229,26 +231,33 @@ class ResponseCache:
         if not response_storable(status, len(body), self.policy):
             return False
         entry = CachedResponse(EntryKind.RESPONSE, status, keep_headers(headers), body=body, created_at=time.time())
+        return await self._store_entry(lookup, entry)
+
+    async def _store_entry(self, lookup: CacheLookup, entry: CachedResponse) -> bool:
+        assert lookup.key is not None
         data = encode_entry(entry)
         stored = await self._put(lookup.key, data, self.policy.ttl)
         ticket = lookup.semantic
         if (
             ticket is not None
+            and not entry.is_stream
             and self.semantic is not None
             and await self._put(ticket.store_key, data, self.semantic.settings.ttl)
         ):
             self.semantic.remember(ticket)
         return stored
 
-    def recorder(self, lookup: CacheLookup, *, status: int, headers: Mapping[str, str]) -> StreamRecording | None:
-        """A recorder for a stream answered after a MISS, or None when it cannot be cached."""
-        if lookup.status is not CacheStatus.MISS or lookup.key is None or not lookup.stream or status != 200:
+    def recorder(self, lookup: CacheLookup) -> ResponseRecording | None:
+        """A recorder for the answer to a MISS (stream or whole body), or None when that
+        answer could not be cached anyway."""
+        if lookup.status is not CacheStatus.MISS or lookup.key is None:
             return None
+        if not lookup.stream:
+            return ResponseRecording(self, lookup, None)
         dialect = STREAM_DIALECTS.get(lookup.route)
         if dialect is None or not self.policy.stream_buffering:
             return None
-        recorder = StreamRecorder(dialect, self.policy.max_stream_buffer_size, status=status, headers=headers)
-        return StreamRecording(self, lookup.key, recorder)
+        return ResponseRecording(self, lookup, StreamRecorder(dialect, self.policy.max_stream_buffer_size))
 
     # admin -------------------------------------------------------------------------------
     async def _store_stats(self) -> CacheStoreStats:
@@ -335,29 +344,59 @@ class ResponseCache:
         return await self.invalidate_all()
 
 
-class StreamRecording:
-    """One stream being recorded for the cache. `feed` never raises and never delays."""
+class ResponseRecording:
+    """The answer to one MISS being recorded: fed the bytes sent to the client, committed once
+    the answer is complete. `feed` never raises and never delays; whole bodies are kept up to
+    `max_response_size`, streams up to `max_stream_buffer_size` (then the copy is dropped)."""
 
-    def __init__(self, cache: ResponseCache, key: str, recorder: StreamRecorder) -> None:
+    def __init__(self, cache: ResponseCache, lookup: CacheLookup, stream: StreamRecorder | None) -> None:
         self._cache = cache
-        self._key = key
-        self.recorder = recorder
-        self._done = False
+        self._lookup = lookup
+        self.stream = stream
+        self._limit = cache.policy.max_response_size
+        self._parts: list[bytes] = []
+        self._size = 0
+        self.failure: str | None = None
 
     def feed(self, chunk: bytes) -> None:
-        self.recorder.feed(chunk)
+        if self.failure is not None:
+            return
+        if self.stream is not None:
+            self.stream.feed(chunk)
+            return
+        self._size += len(chunk)
+        if self._size > self._limit:
+            self.abort("oversized")
+            return
+        self._parts.append(chunk)
 
     def abort(self, reason: str = "interrupted") -> None:
-        self.recorder.abort(reason)
-        self._done = True
+        if self.failure is None:
+            self.failure = reason
+        self._parts = []
+        if self.stream is not None:
+            self.stream.abort(reason)
 
-    async def finish(self) -> bool:
-        """At the end of the upstream body: store the stream if it completed. True if stored."""
-        if self._done:
+    async def commit(self, status: int, headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> bool:
+        """The whole answer reached the client: store it if it is storable. True if stored."""
+        if self.failure is not None:
             return False
-        self._done = True
-        entry = self.recorder.finish()
+        key = self._lookup.key
+        assert key is not None
+        if status != 200:
+            self.abort(f"status {status}")
+            return False
+        entry: CachedResponse | None
+        if self.stream is not None:
+            entry = self.stream.finish(status, headers)
+            if entry is None:
+                self.failure = self.stream.failure
+        else:
+            body = b"".join(self._parts)
+            entry = CachedResponse(EntryKind.RESPONSE, status, keep_headers(headers), body=body, created_at=time.time())
+        self.failure = self.failure or "committed"  # once only
+        self._parts = []
         if entry is None:
-            log.debug("response cache: stream %s not stored (%s)", short_hash(self._key), self.recorder.failure)
+            log.debug("response cache: answer %s not stored (%s)", short_hash(key), self.failure)
             return False
-        return await self._cache._put(self._key, encode_entry(entry), self._cache.policy.ttl)
+        return await self._cache._store_entry(self._lookup, entry)

@@ -156,8 +156,15 @@ class StreamRecorder:
         elif name == b"error":
             self._fail("error event")
 
-    def finish(self) -> CachedResponse | None:
-        """Call at the end of the upstream body. Returns the entry to store, or None."""
+    def finish(
+        self, status: int | None = None, headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None
+    ) -> CachedResponse | None:
+        """Call at the end of the upstream body (status/headers override the constructor's).
+        Returns the entry to store, or None."""
+        if status is not None:
+            self._status = status
+        if headers is not None:
+            self._headers = keep_headers(headers)
         if self.failure is None and self._pending:
             # Tolerate a final event without its blank line: end of body ends the event.
             rest, self._pending = bytes(self._pending), bytearray()
