@@ -126,6 +126,11 @@ class ResponseCache:
         # Set by factory.build_response_cache: applies a new configuration (hot reload).
         self.reloader: Callable[[ResponseCache, RouterConfig, RedisClient | None], None] | None = None
 
+    @property
+    def enabled(self) -> bool:
+        """`response_cache.enabled` (hot-reloadable); when False, lookups return OFF at no cost."""
+        return self.policy.enabled
+
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the Redis monitor task (if any). Call from the ingress lifespan."""
