@@ -12,6 +12,7 @@ import httpx
 import pytest
 import yaml
 
+from continuum_common.config import RouterConfig
 from continuum_ingress.testing.harness import running_ingress, stub_backends
 from continuum_ingress.testing.upstream import running_stubs
 
@@ -142,3 +143,33 @@ async def test_admin_reload_endpoint_and_prefix_routing_knobs(tmp_path: Path, mo
             path.write_text("selection_strategy: Nope\n")
             r = await client.post("/admin/config/reload", headers=auth)
             assert r.status_code == 422 and r.json()["success"] is False
+
+
+class Recorder:
+    """A Component that records its lifecycle calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def start(self) -> None:
+        self.calls.append("start")
+
+    def reload(self, config: RouterConfig) -> None:
+        self.calls.append(f"reload:{config.selection_strategy.value}")
+
+    async def aclose(self) -> None:
+        self.calls.append("aclose")
+
+
+async def test_components_follow_the_lifespan_and_accepted_reloads(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    component = Recorder()
+    async with running_stubs("a") as stubs:
+        _write(path, {"backends": stub_backends(stubs)})
+        async with running_ingress(path, reload_interval=0, components=[component]) as ing:
+            assert component.calls == ["start"]
+            _write(path, {"backends": stub_backends(stubs), "selection_strategy": "Random"})
+            assert ing.app.reload()
+            path.write_text("nonsense: [")
+            assert not ing.app.reload()
+        assert component.calls == ["start", "reload:Random", "aclose"]

@@ -111,7 +111,9 @@ class DictCache:
         if state.request.body.get("temperature", 0) != 0:
             return CacheLookup("bypass")
         hit = self.store.get(state.raw)
-        return CacheLookup("hit", hit) if hit else CacheLookup("miss", token=state.raw)
+        tenant = state.headers().get("x-tenant", "")
+        extra = [("X-Cache-Tenant", tenant)] if tenant else []
+        return CacheLookup("hit", hit, headers=extra) if hit else CacheLookup("miss", token=state.raw, headers=extra)
 
     def recorder(self, state: RequestState, lookup: CacheLookup) -> ResponseRecorder | None:
         return _Recorder(self, lookup.token, state.stream)
@@ -142,8 +144,8 @@ async def test_response_cache_hook_hit_miss_bypass_and_stream_replay() -> None:
         running_ingress({"backends": stub_backends(stubs)}, response_cache=cache) as ing,
         httpx.AsyncClient(base_url=ing.url, verify=False) as c,
     ):
-        miss = await c.post("/v1/chat/completions", json=CHAT)
-        hit = await c.post("/v1/chat/completions", json=CHAT)
+        miss = await c.post("/v1/chat/completions", json=CHAT, headers={"x-tenant": "t1"})
+        hit = await c.post("/v1/chat/completions", json=CHAT, headers={"x-tenant": "t1"})
         bypass = await c.post("/v1/chat/completions", json={**CHAT, "temperature": 0.7})
         stream = {**CHAT, "stream": True}
         s_miss = await c.post("/v1/chat/completions", json=stream)
@@ -156,5 +158,6 @@ async def test_response_cache_hook_hit_miss_bypass_and_stream_replay() -> None:
         "HIT",
     ]
     assert hit.json() == miss.json()
+    assert miss.headers["x-cache-tenant"] == hit.headers["x-cache-tenant"] == "t1"  # hook headers reach the client
     assert s_hit.text == s_miss.text and s_hit.text.endswith("data: [DONE]\n\n")
     assert len(stubs[0].stub.requests) == 3  # the two hits never reached the backend

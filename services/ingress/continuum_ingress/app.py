@@ -6,7 +6,8 @@
 
 Seams for other components are constructor arguments: `response_cache` (Tier 2/3 hook),
 `scorer` (Tier 4 BackendScorer), `rewriters` (per-attempt body rewrites), `dialects` (per
-backend-type upstream dialects) and `extra_admin_routes` (mounted under /admin, behind auth).
+backend-type upstream dialects), `components` (start / reload / aclose with the app) and
+`extra_admin_routes` (mounted under /admin, behind the admin token).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from continuum_ingress.asgi import Receive, Scope, Send
 from continuum_ingress.config import ConfigHolder
 from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
 from continuum_ingress.errors import RequestError
-from continuum_ingress.hooks import BodyRewriter, ResponseCacheHook
+from continuum_ingress.hooks import BodyRewriter, Component, ResponseCacheHook
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.policy.scorer import BackendScorer
@@ -59,6 +60,7 @@ class IngressApp:
         response_cache: ResponseCacheHook | None = None,
         scorer: BackendScorer | None = None,
         rewriters: Sequence[BodyRewriter] = (),
+        components: Sequence[Component] = (),
         dialects: Mapping[str, UpstreamDialect] | None = None,
         extra_admin_routes: Sequence[BaseRoute] = (),
         reload_interval: float = 1.0,
@@ -74,6 +76,9 @@ class IngressApp:
         # Raises ConfigError (with every problem) on a bad file or an unreadable secret.
         self.holder = ConfigHolder(config, factory.build)
         self.holder.on_reload.append(self.metrics.reload)
+        self.components = tuple(components)
+        for component in self.components:
+            self.holder.on_config.append(component.reload)
         self.reload_interval = reload_interval
         self.pipeline = SelectionPipeline(
             self.pool, self.metrics, response_cache=response_cache, scorer=scorer, clock=clock
@@ -122,21 +127,34 @@ class IngressApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: object) -> AsyncIterator[None]:
+        """Start components, run the background loops in one TaskGroup, and on shutdown stop
+        the loops, close the components (last started, first closed) and the backend clients."""
         stop = asyncio.Event()
-        async with asyncio.TaskGroup() as tasks:
-            if self.holder.path is not None and self.reload_interval > 0:
-                tasks.create_task(self.holder.watch(stop, self.reload_interval))
-            tasks.create_task(self.health.run(stop))
-            tasks.create_task(self._maintenance(stop))
-            self.ready = True
-            log.info("ingress ready: %d backend(s)", len(self.holder.current.backends))
-            try:
-                yield
-            finally:
-                self.ready = False
-                stop.set()
-        await self.clients.aclose()
-        log.info("ingress stopped")
+        started: list[Component] = []
+        try:
+            for component in self.components:
+                await component.start()
+                started.append(component)
+            async with asyncio.TaskGroup() as tasks:
+                if self.holder.path is not None and self.reload_interval > 0:
+                    tasks.create_task(self.holder.watch(stop, self.reload_interval))
+                tasks.create_task(self.health.run(stop))
+                tasks.create_task(self._maintenance(stop))
+                self.ready = True
+                log.info("ingress ready: %d backend(s)", len(self.holder.current.backends))
+                try:
+                    yield
+                finally:
+                    self.ready = False
+                    stop.set()
+        finally:
+            for component in reversed(started):
+                try:
+                    await component.aclose()
+                except Exception:
+                    log.exception("a component failed to close")
+            await self.clients.aclose()
+            log.info("ingress stopped")
 
     async def _maintenance(self, stop: asyncio.Event) -> None:
         """Close HTTP clients that hot reloads retired once no request can use them."""

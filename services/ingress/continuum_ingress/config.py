@@ -64,7 +64,9 @@ class ConfigHolder:
         self._retired: list[RouterSnapshot] = []
         self.reloads_ok = 0
         self.reloads_failed = 0
+        # Called after every reload attempt (True: accepted) / with each accepted configuration.
         self.on_reload: list[Callable[[bool], None]] = []
+        self.on_config: list[Callable[[RouterConfig], None]] = []
         for warning in router_warnings(cfg):
             log.warning("config warning: %s", warning)
 
@@ -109,6 +111,11 @@ class ConfigHolder:
             len(snapshot.backends),
             cfg.selection_strategy.value,
         )
+        for apply in self.on_config:
+            try:
+                apply(cfg)
+            except Exception:  # one component's trouble must not undo the swap for the rest
+                log.exception("a component failed to apply the reloaded configuration")
         self._notify(True)
         return True
 

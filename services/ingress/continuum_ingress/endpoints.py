@@ -87,7 +87,9 @@ class ForwardEndpoint:
                 self.metrics.rejected(api.value, _reject_reason(error))
                 await channel.error(api.error_style, error, info.request_id)
                 return
-            state = RequestState(info.request_id, request, raw, info.client, info.session_id or request.user, started)
+            state = RequestState(
+                info.request_id, request, raw, info.client, scope["headers"], info.session_id or request.user, started
+            )
             self.pipeline.prepare(state, snapshot)
             with DisconnectWatch(receive, channel) as watch:
                 try:
@@ -126,6 +128,7 @@ class ForwardEndpoint:
         headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in cached.headers]
         headers = [(k, v) for k, v in headers if k not in (b"content-length", b"x-cache", b"transfer-encoding")]
         headers.append((b"x-cache", b"HIT"))
+        headers.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in state.cache_headers)
         headers.append((b"x-request-id", state.request_id.encode()))
         if cached.chunks is None:
             await channel.whole(cached.status, headers, cached.body)

@@ -1,6 +1,7 @@
 """Extension points other issues plug into (see docs/ingress.md, "Seams").
 
 * `ResponseCacheHook` (issue 5, Tier 2/3): consulted before selection; records responses.
+* `Component`: start / reload / aclose with the app's lifespan and configuration.
 * `BodyRewriter`: per-attempt body rewrites that depend on the chosen backend (salt echo and
   Anthropic cache_control are built in; Gemini context caching, issue 8, adds its own).
 * The KV scorer (issue 7) is `policy.scorer.BackendScorer`.
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from continuum_common.config import Backend
+    from continuum_common.config import Backend, RouterConfig
     from continuum_ingress.snapshot import RouterSnapshot
     from continuum_ingress.state import RequestState
 
@@ -37,6 +38,8 @@ class CacheLookup:
     response: CachedResponse | None = None
     # Opaque to the ingress: whatever the cache needs again in recorder() (its key, say).
     token: Any = None
+    # Extra response headers (e.g. X-Cache-Mode: semantic); X-Cache itself comes from `status`.
+    headers: Sequence[tuple[str, str]] = ()
 
 
 class ResponseRecorder(Protocol):
@@ -76,6 +79,18 @@ class NoResponseCache:
 
     def recorder(self, state: RequestState, lookup: CacheLookup) -> ResponseRecorder | None:
         return None
+
+
+class Component(Protocol):
+    """Something the ingress runs for its lifetime (response cache, KV scorer, Gemini cache
+    client): started in the lifespan before traffic, told about every accepted configuration
+    reload, closed after the last request."""
+
+    async def start(self) -> None: ...
+
+    def reload(self, config: RouterConfig) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class BodyRewriter(Protocol):

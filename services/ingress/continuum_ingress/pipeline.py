@@ -57,6 +57,7 @@ class SelectionPipeline:
             return CacheLookup(None)
         lookup = await self.response_cache.lookup(state)
         state.cache_status = lookup.status
+        state.cache_headers = lookup.headers
         return lookup
 
     def prepare(self, state: RequestState, snapshot: RouterSnapshot) -> None:

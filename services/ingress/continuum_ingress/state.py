@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from continuum_common.ring import RouteLabel
@@ -17,6 +18,8 @@ class RequestState:
     request: ParsedRequest
     raw: bytes
     client: ClientHeaders
+    # The request's raw ASGI headers (lower-case names), for hooks that need more than `client`.
+    raw_headers: Sequence[tuple[bytes, bytes]]
     # X-Session-ID header, else the body's `user` (OpenAI) / `metadata.user_id` (Anthropic).
     session_key: str | None
     started: float
@@ -30,6 +33,12 @@ class RequestState:
     attempts: list[str] = field(default_factory=list)
     # Tier 2: "hit" | "miss" | "bypass" (the X-Cache header), None when no cache ran.
     cache_status: str | None = None
+    cache_headers: Sequence[tuple[str, str]] = ()
+
+    def headers(self) -> dict[str, str]:
+        """The request headers as a lower-case-name mapping (built on demand; the last value of
+        a repeated header wins)."""
+        return {k.decode("latin-1"): v.decode("latin-1") for k, v in self.raw_headers}
 
     @property
     def api(self) -> Api:

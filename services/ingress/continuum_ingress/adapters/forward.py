@@ -71,6 +71,7 @@ def response_headers(
     out.append((b"x-request-id", state.request_id.encode()))
     if state.cache_status is not None:
         out.append((b"x-cache", state.cache_status.upper().encode()))
+    out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in state.cache_headers)
     return out
 
 
