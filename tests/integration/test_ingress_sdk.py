@@ -115,3 +115,22 @@ async def test_anthropic_old_sdk_headers_are_accepted() -> None:
         with pytest.raises(anthropic.NotFoundError):
             await client.messages.create(model="other", max_tokens=8, messages=[{"role": "user", "content": "x"}])
         assert len(stubs[0].stub.requests) == 1
+
+
+async def test_gemini_backends_use_the_openai_compatible_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTINUUM_TEST_GEMINI_KEY", "goog-key")
+    async with running_stubs("gem") as stubs:
+        backends = stub_backends(
+            stubs, type="gemini", models=["gemini-2.5-flash"], api_key_env="CONTINUUM_TEST_GEMINI_KEY"
+        )
+        async with running_ingress({"backends": backends}) as ing:
+            client = openai.AsyncOpenAI(api_key="sk-client", base_url=f"{ing.url}/v1", max_retries=0)
+            chat = await client.chat.completions.create(
+                model="gemini-2.5-flash", messages=[{"role": "user", "content": "hi"}]
+            )
+            assert chat.choices[0].message.content == "hello from gem"
+            with pytest.raises(openai.NotFoundError):  # Gemini's compat API has no /responses here
+                await client.responses.create(model="gemini-2.5-flash", input="hi")
+    sent = stubs[0].stub.requests[0]
+    assert sent.path == "/v1beta/openai/chat/completions"
+    assert sent.headers["authorization"] == "Bearer goog-key"  # the backend's key, not the caller's

@@ -45,7 +45,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     setup_logging("ingress", args.log_level)
     try:
-        run_loop(serve_forever(path, args.host, args.port))
+        run_loop(serve_forever(path, args.host, args.port, args.watch_interval))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="override server.host")
     serve.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
     serve.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default: $CONTINUUM_LOG_LEVEL or INFO)")
+    serve.add_argument(
+        "--watch-interval",
+        type=float,
+        default=1.0,
+        help="seconds between checks of the config file for changes (0: reload on SIGHUP only)",
+    )
     serve.set_defaults(func=_cmd_serve)
 
     up = sub.add_parser("up", help="run the whole product on this machine")

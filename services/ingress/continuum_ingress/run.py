@@ -37,9 +37,11 @@ def install_stop_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-async def serve_forever(config_path: str | Path, host: str | None = None, port: int | None = None) -> None:
+async def serve_forever(
+    config_path: str | Path, host: str | None = None, port: int | None = None, watch_interval: float = 1.0
+) -> None:
     """`continuum-router serve`: one ingress process until SIGINT/SIGTERM; SIGHUP reloads."""
-    app = IngressApp(config_path)
+    app = IngressApp(config_path, reload_interval=watch_interval)
     server_cfg = app.holder.current.config.server
     if server_cfg.workers > 1:
         log.warning(
