@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from continuum_ingress.server import RunningServer
 log = logging.getLogger(__name__)
 
 STATE_DIR = Path(".continuum")
+DEMO_PORT = 8080
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,16 @@ async def _nats(config: RouterConfig, data_dir: Path) -> AsyncIterator[str | Non
         await server.stop()
 
 
+def _demo_port(host: str) -> int:
+    """8080 when it is free, else any free port (the banner prints the URL either way)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, DEMO_PORT))
+        except OSError:
+            return 0
+    return DEMO_PORT
+
+
 def _make_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
@@ -116,7 +128,8 @@ async def up(
     async with contextlib.AsyncExitStack() as stack:
         engines = await stack.enter_async_context(demo_engines()) if demo else []
         if config_path is None:
-            data = demo_config(engines, host=host or "127.0.0.1", port=8080 if port is None else port)
+            bind_host = host or "127.0.0.1"
+            data = demo_config(engines, host=bind_host, port=_demo_port(bind_host) if port is None else port)
             path = _write_yaml(state_dir / "demo-config.yaml", data)
         else:
             path = Path(config_path)
