@@ -78,15 +78,41 @@ class PrefixRoutingStats:
 
 class IngressMetrics:
     def __init__(self, pool: BackendPool) -> None:
-        r = self.registry = CollectorRegistry()
+        self.registry = CollectorRegistry()
         self.prefix_stats = PrefixRoutingStats()
+        self._routing_metrics(self.registry)
+        self._request_metrics(self.registry)
+        self.registry.register(PoolCollector(pool))
+
+    def _routing_metrics(self, r: CollectorRegistry) -> None:
         prefix = Counter(
-            "continuum_prefix_routing_requests",
-            "PrefixAwareHash selections by decision",
-            ["strategy"],
-            registry=r,
+            "continuum_prefix_routing_requests", "PrefixAwareHash selections by decision", ["strategy"], registry=r
         )
         self._prefix = {label: prefix.labels(label.value) for label in RouteLabel}
+        decisions = Counter(
+            "continuum_kv_index_routing_decisions",
+            "Selections in which the KV scorer ran",
+            ["decision", "tier"],
+            registry=r,
+        )
+        self._kv_decisions = {
+            (d, t.value): decisions.labels(d, t.value) for d in ("kv_aware", "fallback") for t in HoldingTier
+        }
+        self.kv_overlap = Histogram(
+            "continuum_kv_index_overlap_score",
+            "Best composite score of kv_aware decisions",
+            buckets=(0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+            registry=r,
+        )
+        self.kv_scorer_errors = Counter(
+            "continuum_kv_scorer_errors", "Scorer prepare() failures or timeouts (strategy used)", registry=r
+        )
+        self.cache_control_injected = Counter(
+            "continuum_anthropic_cache_control_injected", "Anthropic requests given a cache_control marker", registry=r
+        )
+        self.salt_echo = Counter("continuum_salt_echo_requests", "Requests sent with a cache_salt", registry=r)
+
+    def _request_metrics(self, r: CollectorRegistry) -> None:
         requests = Counter(
             "continuum_ingress_requests",
             "Client requests by endpoint and status class",
@@ -117,31 +143,8 @@ class IngressMetrics:
         self.client_disconnects = Counter(
             "continuum_ingress_client_disconnects", "Requests whose client went away (upstream cancelled)", registry=r
         )
-        decisions = Counter(
-            "continuum_kv_index_routing_decisions",
-            "Selections in which the KV scorer ran",
-            ["decision", "tier"],
-            registry=r,
-        )
-        self._kv_decisions = {
-            (d, t.value): decisions.labels(d, t.value) for d in ("kv_aware", "fallback") for t in HoldingTier
-        }
-        self.kv_overlap = Histogram(
-            "continuum_kv_index_overlap_score",
-            "Best composite score of kv_aware decisions",
-            buckets=(0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
-            registry=r,
-        )
-        self.kv_scorer_errors = Counter(
-            "continuum_kv_scorer_errors", "Scorer prepare() failures or timeouts (strategy used)", registry=r
-        )
-        self.cache_control_injected = Counter(
-            "continuum_anthropic_cache_control_injected", "Anthropic requests given a cache_control marker", registry=r
-        )
-        self.salt_echo = Counter("continuum_salt_echo_requests", "Requests sent with a cache_salt", registry=r)
         reloads = Counter("continuum_config_reloads", "Configuration reloads", ["result"], registry=r)
         self._reloads = {True: reloads.labels("ok"), False: reloads.labels("rejected")}
-        r.register(PoolCollector(pool))
 
     # -- recording -------------------------------------------------------------------------
     def route(self, label: RouteLabel) -> None:

@@ -143,18 +143,7 @@ class Forwarder:
             response = await self._send(client, target, headers, content, backend)
             try:
                 if response.status >= 500:
-                    await self._drop(response)
-                    backend.record_failure(self.clock())
-                    self.metrics.backend(backend.name, "server_error")
-                    raise _Retryable(
-                        RequestError(
-                            502,
-                            f"Backend '{backend.name}' answered HTTP {response.status}.",
-                            kind="bad_gateway",
-                            code="backend_error",
-                        ),
-                        "server_error",
-                    )
+                    await self._server_error(response, backend)
                 backend.record_success(self.clock() - start)
                 translator = dialect.translator(state.api, state.stream)
                 recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status == "miss" else None
@@ -210,6 +199,21 @@ class Forwarder:
                 ),
                 "connect_error",
             ) from None
+
+    async def _server_error(self, response: Response, backend: BackendState) -> None:
+        """A 5xx before any byte reached the client: drop its body, count it, retry."""
+        await self._drop(response)
+        backend.record_failure(self.clock())
+        self.metrics.backend(backend.name, "server_error")
+        raise _Retryable(
+            RequestError(
+                502,
+                f"Backend '{backend.name}' answered HTTP {response.status}.",
+                kind="bad_gateway",
+                code="backend_error",
+            ),
+            "server_error",
+        )
 
     @staticmethod
     async def _drop(response: Response) -> None:
