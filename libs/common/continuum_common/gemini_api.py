@@ -35,6 +35,19 @@ class GeminiFormatError(ContinuumError, ValueError):
     """A value does not follow the Generative Language API's wire format."""
 
 
+def api_root(url: str) -> str:
+    """The API root of a `type: gemini` backend URL: the configured URL may name the root
+    (`https://generativelanguage.googleapis.com`), a version (`…/v1beta`) or the
+    OpenAI-compatible base (`…/v1beta/openai`); native calls go to `<root>/v1beta/…`."""
+    root = url.rstrip("/")
+    if root.endswith("/openai"):
+        root = root[: -len("/openai")]
+    for version in ("/v1beta", "/v1alpha", "/v1"):
+        if root.endswith(version):
+            return root[: -len(version)]
+    return root
+
+
 def model_resource(model: str) -> str:
     """`gemini-2.5-flash` → `models/gemini-2.5-flash` (the SDK's `t_model`); already-prefixed
     names are kept."""
