@@ -119,10 +119,11 @@ async def test_drop_only_the_named_resource(store: Store) -> None:
 
 async def test_update_expiry_after_a_patch(store: Store) -> None:
     await store.put_entry(entry(1, expire=NOW + 100), NOW, 10)
-    assert not await store.update_expiry("gem-a", digest(1), "cachedContents/other", NOW + 900, 600)
-    assert await store.update_expiry("gem-a", digest(1), "cachedContents/c1", NOW + 900.25, 600)
+    assert not await store.update_expiry(entry(1, name="cachedContents/other"), NOW + 900, 600)
+    assert await store.update_expiry(entry(1), NOW + 900.123456, 700)
     hit = await store.lookup("gem-a", digest(1), NOW + 500, touch=False)
-    assert hit.found is Found.HIT and hit.entry is not None and hit.entry.expire_at == pytest.approx(NOW + 900.25)
+    assert hit.found is Found.HIT and hit.entry is not None
+    assert hit.entry.expire_at == NOW + 900.123456 and hit.entry.ttl_seconds == 700  # exact, no float loss
     # The new expiry also governs pruning: nothing is expired at NOW + 800.
     assert await store.prune_expired(NOW + 800, 100) == []
 

@@ -53,7 +53,9 @@ def test_only_gemini_backends_with_keys_from_env_or_file(monkeypatch: pytest.Mon
     )
     settings = resolve(cfg)
     assert sorted(settings.backends) == ["gem-a", "gem-b"]
-    assert settings.backends["gem-a"].api_key == "file-key" and settings.backends["gem-a"].api_root == "http://127.0.0.1:1"
+    assert (
+        settings.backends["gem-a"].api_key == "file-key" and settings.backends["gem-a"].api_root == "http://127.0.0.1:1"
+    )
     assert settings.backends["gem-b"].api_key == "env-key"
     assert "env-key" not in repr(settings.backends["gem-b"])
     monkeypatch.delenv("GEM_B_KEY")

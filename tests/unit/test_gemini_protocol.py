@@ -198,7 +198,11 @@ def test_parse_error_reads_the_minimum_token_count() -> None:
 
 def test_stale_reference_detection() -> None:
     gone = {
-        "error": {"code": 403, "message": "CachedContent not found (or permission denied)", "status": "PERMISSION_DENIED"}
+        "error": {
+            "code": 403,
+            "message": "CachedContent not found (or permission denied)",
+            "status": "PERMISSION_DENIED",
+        }
     }
     assert is_stale_cache_reference(403, gone)
     assert is_stale_cache_reference(404, None)

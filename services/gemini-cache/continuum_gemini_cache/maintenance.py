@@ -158,9 +158,7 @@ class Maintenance:
             self._metrics.extends.labels(entry.backend, "ok").inc()
             self._tally.count(entry.backend, "extends")
             try:
-                await self._store.update_expiry(
-                    entry.backend, entry.digest, entry.name, result.info.expire_at, entry.ttl_seconds
-                )
+                await self._store.update_expiry(entry, result.info.expire_at, entry.ttl_seconds)
             except StateError:
                 self._metrics.store_errors.labels("update_expiry").inc()
             return

@@ -142,12 +142,12 @@ class MemoryStore:
     async def prune_expired(self, now: float, limit: int) -> list[Removed]:
         return self._prune(now, limit)
 
-    async def update_expiry(self, backend: str, digest: str, name: str, expire_at: float, ttl_seconds: float) -> bool:
-        rid = f"{backend}:{digest}"
-        entry = self._entries.get(rid)
-        if entry is None or entry.name != name:
+    async def update_expiry(self, entry: Entry, expire_at: float, ttl_seconds: float) -> bool:
+        rid = entry.id
+        current = self._entries.get(rid)
+        if current is None or current.name != entry.name:
             return False
-        updated = dataclasses.replace(entry, expire_at=expire_at, ttl_seconds=ttl_seconds)
+        updated = dataclasses.replace(current, expire_at=expire_at, ttl_seconds=ttl_seconds)
         self._entries[rid] = updated
         heapq.heappush(self._expiry, (expire_at, "e:" + rid))
         return True

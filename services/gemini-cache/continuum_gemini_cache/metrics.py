@@ -39,6 +39,9 @@ class Metrics:
             registry=r,
         )
         self.lookups = Counter(P + "lookups", "Lookups answered by this service", ["backend", "result"], registry=r)
+        self.ensures = Counter(
+            P + "ensures", "Ensure requests handled by this replica, by outcome", ["backend", "outcome"], registry=r
+        )
         self.creates = Counter(P + "creates", "cachedContents created", ["backend"], registry=r)
         self.create_failures = Counter(
             P + "create_failures", "cachedContents create attempts that failed", ["backend", "reason"], registry=r

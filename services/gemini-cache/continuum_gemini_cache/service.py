@@ -151,9 +151,11 @@ class GeminiCacheService:
         """Queue a create unless it is ineligible or already queued/running here. Never blocks;
         the future resolves when the outcome is known."""
         future: asyncio.Future[EnsureReply] = asyncio.get_running_loop().create_future()
+        label = req.backend if req.backend in self.settings.backends else "-"
+        future.add_done_callback(lambda f: self._count_ensure(label, f))
         reason = ineligible_reason(req, self.settings)
         if reason is not None:
-            self.tally.count(req.backend if req.backend in self.settings.backends else "-", "invalid_ensures")
+            self.tally.count(label, "invalid_ensures")
             future.set_result(EnsureReply(EnsureOutcome.INELIGIBLE, error=reason))
             return future
         rid = entry_id(req.backend, req.digest)
@@ -170,7 +172,11 @@ class GeminiCacheService:
         return future
 
     async def ensure(self, req: EnsureRequest) -> EnsureReply:
-        return await self.submit_ensure(req)
+        return await asyncio.shield(self.submit_ensure(req))
+
+    def _count_ensure(self, backend: str, future: asyncio.Future[EnsureReply]) -> None:
+        if not future.cancelled():
+            self.metrics.ensures.labels(backend, future.result().outcome.value).inc()
 
     async def _ensure_worker(self) -> None:
         while True:

@@ -37,8 +37,9 @@ class Store(Protocol):
         """Remove up to `limit` expired records (entries and negatives)."""
         ...
 
-    async def update_expiry(self, backend: str, digest: str, name: str, expire_at: float, ttl_seconds: float) -> bool:
-        """After a successful PATCH: set the expiry, only while the entry still names `name`."""
+    async def update_expiry(self, entry: Entry, expire_at: float, ttl_seconds: float) -> bool:
+        """After a successful PATCH: set the expiry, only while the stored entry still names
+        `entry.name` (a replacement created meanwhile is left alone)."""
         ...
 
     async def drop(self, backend: str, digest: str, name: str) -> Entry | None:

@@ -135,7 +135,7 @@ class BusAdapter:
             return
 
         async def answer() -> None:
-            reply = await future
+            reply = await asyncio.shield(future)
             await self._respond(msg, reply.to_bytes())
 
         self._spawn(answer())

@@ -17,6 +17,7 @@ tag `{gem}`, so they live in one Redis Cluster slot and each operation is one at
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -116,12 +117,9 @@ return out
 _UPDATE_EXPIRY = """
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if not v then return 0 end
-local obj = cjson.decode(v)
-if obj['name'] ~= ARGV[2] then return 0 end
-obj['expire_at'] = tonumber(ARGV[3])
-obj['ttl_seconds'] = tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(obj))
-redis.call('ZADD', KEYS[4], ARGV[3], 'e:' .. ARGV[1])
+if cjson.decode(v)['name'] ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[4], ARGV[4], 'e:' .. ARGV[1])
 return 1
 """
 
@@ -237,8 +235,9 @@ class RedisStore:
     async def prune_expired(self, now: float, limit: int) -> list[Removed]:
         return _removed(await self._call(self._prune, self._keys, [repr(now), limit]))
 
-    async def update_expiry(self, backend: str, digest: str, name: str, expire_at: float, ttl_seconds: float) -> bool:
-        args = [f"{backend}:{digest}", name, repr(expire_at), repr(ttl_seconds)]
+    async def update_expiry(self, entry: Entry, expire_at: float, ttl_seconds: float) -> bool:
+        updated = dataclasses.replace(entry, expire_at=expire_at, ttl_seconds=ttl_seconds)
+        args = [entry.id, entry.name, updated.to_json(), repr(expire_at)]
         return bool(await self._call(self._update, self._keys, args))
 
     async def drop(self, backend: str, digest: str, name: str) -> Entry | None:
