@@ -14,8 +14,7 @@ import pytest_asyncio
 from continuum_common.gemini_protocol import EnsureOutcome, LookupResult
 from continuum_common.procs import NatsServer, RedisServer
 from continuum_common.testing.fake_gemini import FakeGemini, Op
-from continuum_gemini_cache.app import GeminiCacheApp
-from tests.integration.gemini_support import (
+from continuum_common.testing.gemini_cache import (
     API_KEY,
     KEY_ENV,
     MODEL,
@@ -25,6 +24,7 @@ from tests.integration.gemini_support import (
     system_prompt,
     wait_for,
 )
+from continuum_gemini_cache.app import GeminiCacheApp
 
 AppFactory = Callable[..., AbstractAsyncContextManager[GeminiCacheApp]]
 

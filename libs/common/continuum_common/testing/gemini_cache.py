@@ -1,5 +1,6 @@
-"""Shared pieces of the gemini-cache integration tests: a controllable clock, configs pointing
-at the fake Gemini server, and a small bus client speaking continuum_common.gemini_protocol."""
+"""Test and benchmark helpers around the gemini-cache service: a controllable clock (the service
+and FakeGemini both take a `clock`), a router config whose `type: gemini` backends point at the
+fake, and a small bus client that speaks continuum_common.gemini_protocol as the ingress does."""
 
 from __future__ import annotations
 
@@ -77,8 +78,8 @@ def router_config(
     return RouterConfig.model_validate(data)
 
 
-async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_for(condition: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
@@ -98,7 +99,7 @@ class GeminiBusClient:
     async def close(self) -> None:
         await self.nc.close()
 
-    async def request(self, subject: str, data: bytes, timeout: float) -> Msg:
+    async def request(self, subject: str, data: bytes, timeout: float) -> Msg:  # noqa: ASYNC109 (as nats)
         # nats-server 2.15 occasionally (about 1 in 100 here) answers "no responders" to a
         # connection's first request when the responder subscribed (and flushed) after that
         # connection was opened. A long-lived ingress treats it as a miss; tests retry it.
