@@ -67,6 +67,16 @@ class GeminiCacheService:
         self._ensure_q: asyncio.Queue[_EnsureJob] = asyncio.Queue(maxsize=limits.ensure_queue)
         # ids queued or being created on this replica (the in-process half of single-flight)
         self._active: set[str] = set()
+        self._store_warned_at = -1e9
+
+    def _store_failed(self, op: str) -> None:
+        """Count a state-store failure; log at most one warning per 10 s (an outage would
+        otherwise log once per request)."""
+        self.metrics.store_errors.labels(op).inc()
+        now = time.monotonic()
+        if now - self._store_warned_at >= 10:
+            self._store_warned_at = now
+            log.warning("state store (%s) failed during %s; answering as a miss until it recovers", self.store.kind, op)
 
     # ------------------------------------------------------------------ background work
 
@@ -90,7 +100,7 @@ class GeminiCacheService:
                 self.maintenance.handle_removed(await self.store.prune_expired(self.clock(), limits.sweep_batch))
                 counts = await self.store.counts()
             except StateError:
-                self.metrics.store_errors.labels("sweep").inc()
+                self._store_failed("sweep")
                 continue
             self._set_gauges(counts.per_backend)
 
@@ -122,7 +132,7 @@ class GeminiCacheService:
         try:
             state = await self.store.lookup(req.backend, req.digest, self._live_now(), touch=True)
         except StateError:
-            self.metrics.store_errors.labels("lookup").inc()
+            self._store_failed("lookup")
             return LookupReply(LookupResult.MISS)
         if state.expired is not None:
             self.tally.removed(req.backend, "expired")
@@ -184,7 +194,7 @@ class GeminiCacheService:
             try:
                 reply = await self._ensure_once(job.req)
             except StateError:
-                self.metrics.store_errors.labels("ensure").inc()
+                self._store_failed("ensure")
                 reply = EnsureReply(EnsureOutcome.FAILED, error="state store unavailable")
             except Exception:  # a bug must not kill the worker; the ensure is answered
                 log.exception("ensure failed unexpectedly (backend %s)", job.req.backend)
@@ -288,7 +298,7 @@ class GeminiCacheService:
         try:
             self.maintenance.handle_removed(await self.store.put_negative(negative, now, cache.max_entries))
         except StateError:
-            self.metrics.store_errors.labels("put_negative").inc()
+            self._store_failed("put_negative")
         return EnsureReply(
             EnsureOutcome.REJECTED, min_total_token_count=negative.min_total_token_count, error=verdict.reason
         )
@@ -303,7 +313,7 @@ class GeminiCacheService:
         try:
             entry = await self.store.drop(req.backend, req.digest, req.cached_content)
         except StateError:
-            self.metrics.store_errors.labels("drop").inc()
+            self._store_failed("drop")
             return DropReply(False)
         if entry is not None:
             self.tally.removed(req.backend, "stale")
@@ -333,7 +343,7 @@ class GeminiCacheService:
             counts = await self.store.counts()
             counters = await self.store.read_counters()
         except StateError:
-            self.metrics.store_errors.labels("stats").inc()
+            self._store_failed("stats")
             return {"enabled": True, "success": False, "error": "state store unavailable"}
         self._set_gauges(counts.per_backend)
         return build_stats(self.settings, self.store.kind, counts, counters)
@@ -342,7 +352,7 @@ class GeminiCacheService:
         try:
             entries, negatives = await self.store.clear()
         except StateError:
-            self.metrics.store_errors.labels("clear").inc()
+            self._store_failed("clear")
             return ClearReply(False, error="state store unavailable")
         for entry in entries:
             self.tally.removed(entry.backend, "cleared")
