@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -53,6 +54,8 @@ class BusAdapter:
         self._limit = limits.concurrent_requests
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._bad_logged_at = -1e9
+        self._bad_since_log = 0
 
     async def start(self) -> None:
         handlers: list[tuple[str, Callable[[Msg], Awaitable[None]]]] = [
@@ -105,7 +108,11 @@ class BusAdapter:
 
     def _bad(self, msg: Msg, exc: GeminiProtocolError) -> None:
         self._metrics.dropped.labels("bad_message").inc()
-        log.warning("dropped malformed message on %s: %s", msg.subject, exc)
+        self._bad_since_log += 1
+        now = time.monotonic()
+        if now - self._bad_logged_at >= 10:  # a flood of bad input must not flood the log
+            log.warning("dropped %d malformed message(s); latest on %s: %s", self._bad_since_log, msg.subject, exc)
+            self._bad_logged_at, self._bad_since_log = now, 0
 
     # ------------------------------------------------------------------ handlers
 
