@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -195,3 +198,36 @@ async def test_large_stream_is_reassembled_under_flow_control_and_an_early_close
         await r.aclose()  # unfinished: the connection is closed, not reused
         assert p.open_connections == 0
         await p.aclose()
+
+
+async def test_https_backend_with_certificate_verification(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nsecure")
+        await writer.drain()
+        await read_request(reader)
+
+    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        trusting = ssl.create_default_context(cafile=str(cert))
+        p = H1Pool(
+            f"https://localhost:{port}", connect_timeout=2, read_timeout=2, max_connections=2, tls_context=trusting
+        )
+        r = await p.request("POST", "/v1/chat/completions", [], b"{}")
+        assert await r.read() == b"secure"
+        await r.aclose()
+        await p.aclose()
+        # The default trust store does not know this certificate: the connection is refused.
+        strict = H1Pool(f"https://localhost:{port}", connect_timeout=2, read_timeout=2, max_connections=2)
+        with pytest.raises(ConnectFailed, match=r"CERTIFICATE_VERIFY_FAILED|SSL"):
+            await strict.request("POST", "/v1/chat/completions", [], b"{}")

@@ -36,6 +36,9 @@ async def test_openai_sdk_every_endpoint() -> None:
         assert resp.output_text == "hello from v1"
         models = await client.models.list()
         assert [m.id for m in models.data] == ["m"]
+        assert (await client.models.retrieve("m")).id == "m"
+        with pytest.raises(openai.NotFoundError):
+            await client.models.retrieve("other")
         paths = [r.path for r in stubs[0].stub.requests]
         assert paths == [
             "/v1/chat/completions",

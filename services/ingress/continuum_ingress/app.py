@@ -116,6 +116,7 @@ class IngressApp:
             app.router.routes.append(Route(path, endpoint, methods=["POST"]))
         info = InfoEndpoints(self.holder, self.pool, self.metrics, lambda: self.ready)
         app.router.routes.append(Route("/v1/models", info.models, methods=["GET"]))
+        app.router.routes.append(Route("/v1/models/{model:path}", info.model, methods=["GET"]))
         app.router.routes.append(Route("/healthz", info.healthz, methods=["GET"]))
         app.router.routes.append(Route("/readyz", info.readyz, methods=["GET"]))
         app.router.routes.append(Route("/metrics", info.prometheus, methods=["GET"]))

@@ -160,6 +160,20 @@ class InfoEndpoints:
         data = [{"id": m, "object": "model", "created": self.created, "owned_by": "continuum"} for m in snapshot.models]
         return JSONResponse({"object": "list", "data": data})
 
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        if name not in self.holder.current.models:
+            body = {
+                "error": {
+                    "message": f"The model '{name}' does not exist or you do not have access to it.",
+                    "type": "invalid_request_error",
+                    "param": "model",
+                    "code": "model_not_found",
+                }
+            }
+            return JSONResponse(body, status_code=404)
+        return JSONResponse({"id": name, "object": "model", "created": self.created, "owned_by": "continuum"})
+
     async def healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok")
 

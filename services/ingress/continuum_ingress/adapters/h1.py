@@ -241,6 +241,7 @@ class H1Pool:
         read_timeout: float,
         max_connections: int,
         keepalive_expiry: float = 30.0,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
@@ -252,7 +253,9 @@ class H1Pool:
         self.read_timeout = read_timeout
         self.max_connections = max_connections
         self.keepalive_expiry = keepalive_expiry
-        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.tls else None
+        self._ssl: ssl.SSLContext | None = None
+        if self.tls:
+            self._ssl = tls_context or ssl.create_default_context()
         self._idle: list[_Connection] = []
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
@@ -28,7 +29,7 @@ def _client_key(spec: Backend) -> tuple[object, ...]:
 class UpstreamClient:
     __slots__ = ("_paths", "key", "name", "pool", "url")
 
-    def __init__(self, spec: Backend) -> None:
+    def __init__(self, spec: Backend, tls_context: ssl.SSLContext | None = None) -> None:
         self.name = spec.name
         self.url = spec.url
         self.key = _client_key(spec)
@@ -40,6 +41,7 @@ class UpstreamClient:
             read_timeout=spec.request_timeout_ms / 1000,
             max_connections=spec.max_connections,
             keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            tls_context=tls_context,
         )
         self._paths: dict[str, str] = {}
 
@@ -62,13 +64,21 @@ class ClientSet:
     def __init__(self) -> None:
         self._current: dict[str, UpstreamClient] = {}
         self._retired: list[UpstreamClient] = []
+        self._tls: ssl.SSLContext | None = None
+
+    def _tls_context(self) -> ssl.SSLContext:
+        # Loading the CA bundle takes tens of milliseconds: once per process, shared by pools.
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
 
     def sync(self, backends: Iterable[Backend]) -> Mapping[str, UpstreamClient]:
         fresh: dict[str, UpstreamClient] = {}
         for spec in backends:
             client = self._current.get(spec.name)
             if client is None or client.key != _client_key(spec):
-                client = UpstreamClient(spec)
+                tls = self._tls_context() if spec.url.startswith("https:") else None
+                client = UpstreamClient(spec, tls)
             fresh[spec.name] = client
         kept = {id(c) for c in fresh.values()}
         self._retired.extend(c for c in self._current.values() if id(c) not in kept)
