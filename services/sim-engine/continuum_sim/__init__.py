@@ -11,7 +11,7 @@ Public API (docs/sim-engine.md):
 
 from continuum_sim.app import EngineEndpoints
 from continuum_sim.config import EngineConfig, KvEventsConfig
-from continuum_sim.fleet import SimFleet, fleet_configs
+from continuum_sim.fleet import SimFleet, fleet_configs, listener_sources, router_backends
 from continuum_sim.policy.timing import TimingConfig
 from continuum_sim.protocol.chat_template import ChatMessage, parse_messages
 from continuum_sim.protocol.chat_template import render as render_chat
@@ -27,6 +27,8 @@ __all__ = [
     "TimingConfig",
     "Tokenizer",
     "fleet_configs",
+    "listener_sources",
     "parse_messages",
     "render_chat",
+    "router_backends",
 ]

@@ -63,6 +63,35 @@ def fleet_configs(
     return [replace(base, name=f"{name_prefix}-{i}", port=0, kv_events=kv) for i in range(count)]
 
 
+def router_backends(endpoints: Sequence[EngineEndpoints], backend_type: str = "vllm") -> list[dict[str, Any]]:
+    """`backends:` entries of a router configuration for these engines."""
+    return [{"name": e.name, "url": e.url, "type": backend_type, "models": [e.model]} for e in endpoints]
+
+
+def listener_sources(endpoints: Sequence[EngineEndpoints]) -> list[dict[str, Any]]:
+    """`sources:` entries of config.kv-listener.yaml: the listener's ZMQ mode is the opposite
+    of the engine's (an engine that binds is dialled, one that connects is listened for)."""
+    out: list[dict[str, Any]] = []
+    for e in endpoints:
+        if e.kv_events_endpoint is None:
+            continue
+        source: dict[str, Any] = {
+            "backend_name": e.name,
+            "engine": "sglang" if e.era == "sglang" else "vllm",
+            "zmq_endpoint": e.kv_events_endpoint,
+            "zmq_mode": "connect" if e.zmq_mode == "bind" else "bind",
+            "topic": e.topic,
+            "detokenize_endpoint": e.detokenize_url,
+            "model": e.model,
+            "chat_template": "chatml",
+            "block_size": e.block_size,
+        }
+        if e.replay_endpoint:
+            source["replay_endpoint"] = e.replay_endpoint
+        out.append(source)
+    return out
+
+
 class SimFleet:
     def __init__(
         self,
@@ -107,29 +136,10 @@ class SimFleet:
         return self._child.pid if self._child is not None else None
 
     def router_backends(self, backend_type: str = "vllm") -> list[dict[str, Any]]:
-        return [{"name": e.name, "url": e.url, "type": backend_type, "models": [e.model]} for e in self.endpoints]
+        return router_backends(self.endpoints, backend_type)
 
     def listener_sources(self) -> list[dict[str, Any]]:
-        """Listener `sources:` entries: the listener's ZMQ mode is the opposite of the engine's."""
-        out: list[dict[str, Any]] = []
-        for e in self.endpoints:
-            if e.kv_events_endpoint is None:
-                continue
-            source: dict[str, Any] = {
-                "backend_name": e.name,
-                "engine": "sglang" if e.era == "sglang" else "vllm",
-                "zmq_endpoint": e.kv_events_endpoint,
-                "zmq_mode": "connect" if e.zmq_mode == "bind" else "bind",
-                "topic": e.topic,
-                "detokenize_endpoint": e.detokenize_url,
-                "model": e.model,
-                "chat_template": "chatml",
-                "block_size": e.block_size,
-            }
-            if e.replay_endpoint:
-                source["replay_endpoint"] = e.replay_endpoint
-            out.append(source)
-        return out
+        return listener_sources(self.endpoints)
 
     def write_info(self, path: str | Path) -> None:
         write_info(path, self.endpoints)
