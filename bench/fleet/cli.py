@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--router",
         default=d.router,
-        help="direct-round-robin (default) or a router's base URL, e.g. http://127.0.0.1:8080",
+        help="direct-round-robin (default), direct-prefix-hash, or a router's base URL, e.g. http://127.0.0.1:8080",
     )
     p.add_argument("--router-label", help="name of the router in reports (default: the URL's host:port)")
     p.add_argument("--workload", choices=("shared-prompt", "multi-turn", "trace"), default=d.workload)

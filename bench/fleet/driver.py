@@ -2,8 +2,10 @@
 
 Every request is sent with `stream: true` and `stream_options.include_usage`, so time to first
 token is measured at the first content chunk and the usage chunk gives prompt, cached and
-completion tokens. `direct` mode is the built-in round-robin baseline (request i goes to engine
-i mod N); `url` mode sends everything to one OpenAI-compatible base URL (a router under test).
+completion tokens. Modes: `direct` is the built-in round-robin baseline (request i goes to engine
+i mod N); `prefix-hash` sends each request to engine `prefix_key mod N` (the shared prefix key of
+`continuum_common.hashing`, no load bounds: a sanity baseline for what sticky routing can gain);
+`url` sends everything to one OpenAI-compatible base URL (a router under test).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import orjson
 
 from bench.fleet.ideal import IdealCache
 from bench.fleet.workloads import BenchRequest, Session, Workload
+from continuum_common.hashing import request_prefix_key
 from continuum_sim.protocol.tokenizer import Tokenizer
 
 
@@ -115,11 +118,15 @@ class Driver:
             if think > 0:
                 await asyncio.sleep(think * self.time_scale)
 
-    def _target(self) -> tuple[str, int | None]:
+    def _target(self, request: BenchRequest) -> tuple[str, int | None]:
         index = self._counter
         self._counter += 1
         if self.mode == "direct":
             engine = index % len(self.targets)
+            return self.targets[engine], engine
+        if self.mode == "prefix-hash":
+            key = request_prefix_key({"model": self.model, **request.body}, enabled=True) or b"\0"
+            engine = int.from_bytes(key[:8], "big") % len(self.targets)
             return self.targets[engine], engine
         return self.targets[0], None
 
@@ -128,7 +135,7 @@ class Driver:
         return hits[0]
 
     async def _send(self, client: httpx.AsyncClient, request: BenchRequest) -> tuple[RequestResult, str]:
-        base, engine = self._target()
+        base, engine = self._target(request)
         path = "/chat/completions" if request.api == "chat" else "/completions"
         body = {"model": self.model, **request.body, "stream": True, "stream_options": {"include_usage": True}}
         ideal_hit = self._ideal_send(request.prompt_ids)

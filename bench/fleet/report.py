@@ -128,7 +128,8 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("rss_mb"):
         rss = report["rss_mb"]
         lines.append(
-            f"\nEngine process RSS (MB): start {rss['start']:.0f}, peak {rss['peak']:.0f}, end {rss['end']:.0f}\n"
+            f"\nEngine process RSS (MB): start {rss['start']:.0f}, peak {rss['peak']:.0f}, end {rss['end']:.0f}; "
+            f"over the run: {', '.join(f'{x:.0f}' for x in rss.get('timeline', []))}\n"
         )
     if res["error_samples"]:
         lines.append("\nErrors: " + "; ".join(f"{k} (x{v})" for k, v in res["error_samples"].items()) + "\n")

@@ -32,6 +32,8 @@ from continuum_sim import (
     router_backends,
 )
 
+BUILT_IN_ROUTERS = {"direct-round-robin": "direct", "direct-prefix-hash": "prefix-hash"}
+
 
 @dataclass
 class FleetBenchOptions:
@@ -175,10 +177,13 @@ class RssSampler:
             self.sample()
             await asyncio.sleep(0.5)
 
-    def summary(self) -> dict[str, float] | None:
+    def summary(self) -> dict[str, Any] | None:
         if not self.samples:
             return None
-        return {"start": self.samples[0], "peak": max(self.samples), "end": self.samples[-1]}
+        # Ten evenly spaced samples show whether memory levels off or keeps growing.
+        step = max(1, len(self.samples) // 10)
+        timeline = [round(x, 1) for x in self.samples[::step]]
+        return {"start": self.samples[0], "peak": max(self.samples), "end": self.samples[-1], "timeline": timeline}
 
 
 async def wait_for_router(base: str, wait_s: float) -> None:
@@ -206,7 +211,8 @@ async def run_fleet_bench(opts: FleetBenchOptions) -> tuple[dict[str, Any], list
             _write_text(opts.write_backends, yaml.safe_dump(backends_document(endpoints), sort_keys=False))
         if opts.print_backends:
             print(yaml.safe_dump(backends_document(endpoints), sort_keys=False), flush=True)
-        direct = opts.router == "direct-round-robin"
+        mode = BUILT_IN_ROUTERS.get(opts.router, "url")
+        direct = mode != "url"
         targets = [e.openai_base_url for e in endpoints] if direct else [router_base(opts.router)]
         if not direct:
             await wait_for_router(targets[0], opts.wait_for_router)
@@ -214,7 +220,7 @@ async def run_fleet_bench(opts: FleetBenchOptions) -> tuple[dict[str, Any], list
         capacity = sum(e.num_gpu_blocks - 1 for e in endpoints)
         ideal, unbounded = IdealCache(capacity, endpoints[0].block_size), IdealCache(None, endpoints[0].block_size)
         driver = Driver(
-            targets, mode="direct" if direct else "url", model=endpoints[0].model, time_scale=opts.time_scale,
+            targets, mode=mode, model=endpoints[0].model, time_scale=opts.time_scale,
             ideals=[ideal, unbounded], tokenizer=tokenizer, request_timeout=opts.request_timeout,
             progress=Progress(workload.total_requests, enabled=opts.progress),
         )  # fmt: skip

@@ -14,6 +14,7 @@ Requests start at `timestamp` (time-scaled by the driver); they are independent 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 from collections import OrderedDict
@@ -107,6 +108,13 @@ class _TraceSession:
         return 0.0
 
 
+def _display_path(path: str | Path) -> str:
+    """Relative to the working directory when possible (reports are committed)."""
+    with contextlib.suppress(ValueError):
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    return str(path)
+
+
 @dataclass
 class TraceWorkload:
     texts: Texts
@@ -130,7 +138,7 @@ class TraceWorkload:
         span = self._lines[-1].timestamp_ms / 1000.0
         mean_in = sum(x.input_length for x in self._lines) / len(self._lines)
         return {
-            "workload": self.name, "trace": str(self.path), "requests": len(self._lines), "trace_seconds": span,
+            "workload": self.name, "trace": _display_path(self.path), "requests": len(self._lines), "trace_seconds": span,
             "mean_input_tokens": round(mean_in), "limit": self.limit, "duration": self.duration,
         }  # fmt: skip
 

@@ -3,6 +3,7 @@ and by raw requests for /tokenize, /detokenize, errors and /metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 
@@ -13,7 +14,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from continuum_sim import SimFleet
+from continuum_sim import EngineConfig, SimFleet
 
 MODEL = "continuum-sim-8b"
 SYSTEM = "You answer questions about the attached handbook. " * 40
@@ -258,3 +259,32 @@ def test_base64_embedding_is_little_endian_float32() -> None:
 
     vec = embed("hello world", 16)
     assert np.allclose(np.frombuffer(base64.b64decode(encode_base64(vec)), dtype="<f4"), vec)
+
+
+async def test_client_disconnect_aborts_and_frees_blocks(fleet: SimFleet, http: httpx.AsyncClient) -> None:
+    engine = fleet.engines[0]
+    body = {"prompt": "disconnect " * 300, "max_tokens": 5000, "stream": True}
+    async with http.stream("POST", "/v1/completions", json=body) as resp:
+        async for line in resp.aiter_lines():
+            if line.startswith("data: {"):
+                break
+        assert engine.pool.num_free_blocks < engine.pool.capacity
+    for _ in range(100):
+        if not engine.scheduler.has_work:
+            break
+        await asyncio.sleep(0.02)
+    assert not engine.scheduler.has_work
+    assert engine.pool.num_free_blocks == engine.pool.capacity, "the aborted request released its blocks"
+    assert "continuum_sim_requests_aborted_total 1.0" in (await http.get("/metrics")).text
+
+
+async def test_full_waiting_queue_answers_503() -> None:
+    config = EngineConfig(max_waiting=1, max_num_seqs=1, num_gpu_blocks=512, max_model_len=1024)
+    async with SimFleet(config=config, time_scale=0.05) as small, httpx.AsyncClient(base_url=small.urls[0], timeout=10) as client:
+        body = {"prompt": "queue test", "max_tokens": 200}
+        responses = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(4)))
+        codes = sorted(r.status_code for r in responses)
+        assert codes[0] == 200 and 503 in codes
+        busy = next(r for r in responses if r.status_code == 503)
+        assert busy.json()["error"]["type"] == "ServiceUnavailableError"
+        assert (await client.post("/v1/completions", json={"prompt": "after", "max_tokens": 2})).status_code == 200
