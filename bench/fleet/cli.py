@@ -35,7 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=d.seed)
 
-    e = p.add_argument_group("engines")
+    _engine_args(p.add_argument_group("engines"), d)
+    _workload_args(p.add_argument_group("workloads"), d)
+    o = p.add_argument_group("output")
+    o.add_argument("--out-dir", default=d.out_dir)
+    o.add_argument("--name", help="file stem of the results (default fleet-<workload>-<router>)")
+    o.add_argument("--no-plot", dest="plot", action="store_false")
+    o.add_argument("--no-progress", dest="progress", action="store_false")
+    o.add_argument("--request-timeout", type=float, default=d.request_timeout, help="real seconds per request")
+    return p
+
+
+def _engine_args(e: argparse._ArgumentGroup, d: FleetBenchOptions) -> None:
     e.add_argument("--engines", type=int, default=d.engines, help="simulated engines to start (default 4)")
     e.add_argument(
         "--num-gpu-blocks", type=int, default=d.num_gpu_blocks, help="KV blocks per engine (default 1500 = 24k tokens)"
@@ -59,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait-for-router", type=float, default=d.wait_for_router, help="seconds to wait for the router's /v1/models"
     )
 
-    w = p.add_argument_group("workloads")
+
+def _workload_args(w: argparse._ArgumentGroup, d: FleetBenchOptions) -> None:
     w.add_argument("--requests", type=int, help="shared-prompt: requests (400); trace: max lines")
     w.add_argument("--rate", type=float, help="shared-prompt: requests/s (8); multi-turn: conversations/s (1)")
     w.add_argument("--output-tokens", type=int, help="answer length (shared-prompt 64, multi-turn 120)")
@@ -74,14 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--think-time", type=float, default=d.think_time, help="mean seconds between turns")
     w.add_argument("--trace", help="Mooncake JSONL (default bench/traces/mooncake_synthetic.jsonl)")
     w.add_argument("--trace-duration", type=float, help="replay only the first N trace seconds")
-
-    o = p.add_argument_group("output")
-    o.add_argument("--out-dir", default=d.out_dir)
-    o.add_argument("--name", help="file stem of the results (default fleet-<workload>-<router>)")
-    o.add_argument("--no-plot", dest="plot", action="store_false")
-    o.add_argument("--no-progress", dest="progress", action="store_false")
-    o.add_argument("--request-timeout", type=float, default=d.request_timeout, help="real seconds per request")
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

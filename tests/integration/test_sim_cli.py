@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+
 import httpx
 import pytest
 
@@ -50,3 +54,16 @@ def test_cli_port_layout() -> None:
         configs_from_args(bad)
     with pytest.raises(SimConfigError):
         EngineConfig(num_gpu_blocks=10, max_model_len=4096)
+
+
+def test_cli_reports_a_port_in_use_and_exits() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "continuum_sim", "--base-port", "0", "--zmq-base-port", str(port)],
+            check=False, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    assert proc.returncode == 1
+    assert "cannot open its ZMQ sockets" in proc.stderr and "Address already in use" in proc.stderr

@@ -280,7 +280,10 @@ async def test_client_disconnect_aborts_and_frees_blocks(fleet: SimFleet, http: 
 
 async def test_full_waiting_queue_answers_503() -> None:
     config = EngineConfig(max_waiting=1, max_num_seqs=1, num_gpu_blocks=512, max_model_len=1024)
-    async with SimFleet(config=config, time_scale=0.05) as small, httpx.AsyncClient(base_url=small.urls[0], timeout=10) as client:
+    async with (
+        SimFleet(config=config, time_scale=0.05) as small,
+        httpx.AsyncClient(base_url=small.urls[0], timeout=10) as client,
+    ):
         body = {"prompt": "queue test", "max_tokens": 200}
         responses = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(4)))
         codes = sorted(r.status_code for r in responses)

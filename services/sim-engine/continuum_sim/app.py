@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import zmq
 import zmq.asyncio
 
 from continuum_sim.adapters.http_api import build_app
@@ -22,6 +23,7 @@ from continuum_sim.adapters.http_server import HttpServer
 from continuum_sim.adapters.zmq_publisher import ZmqEventPublisher
 from continuum_sim.config import EngineConfig
 from continuum_sim.engine import SimEngine
+from continuum_sim.errors import SimError
 from continuum_sim.protocol.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -139,6 +141,9 @@ async def start_servers(configs: Sequence[EngineConfig], zmq_context: zmq.asynci
             server = SimEngineServer(config, tokenizer, zmq_context)
             servers.append(server)
             await server.start()
+    except zmq.ZMQError as exc:
+        await stop_servers(servers)
+        raise SimError(f"{servers[-1].config.name}: cannot open its ZMQ sockets: {exc}") from exc
     except BaseException:
         await stop_servers(servers)
         raise
@@ -182,7 +187,7 @@ async def serve_fleet(configs: Sequence[EngineConfig], info_file: str | None = N
         finally:
             await stop_servers(servers)
     finally:
-        context.term()
+        context.destroy(linger=0)
 
 
 async def _watch(servers: Sequence[SimEngineServer], stop: asyncio.Event) -> None:

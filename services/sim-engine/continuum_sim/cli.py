@@ -18,7 +18,7 @@ from dataclasses import replace
 from continuum_common.logs import setup_logging
 from continuum_sim.app import serve_fleet
 from continuum_sim.config import DEFAULT_MODEL, EngineConfig, KvEventsConfig, config_from_dict
-from continuum_sim.errors import SimConfigError
+from continuum_sim.errors import SimConfigError, SimError
 from continuum_sim.policy.timing import TimingConfig
 from continuum_sim.protocol.kv_wire import ERAS
 
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(serve_fleet(configs, args.info_file))
-    except OSError as exc:  # e.g. a port already in use
+    except (OSError, SimError) as exc:  # e.g. a port already in use
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

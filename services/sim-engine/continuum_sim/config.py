@@ -35,7 +35,7 @@ class KvEventsConfig:
     era: Era = "map"
     hash_wire: HashWire = "int"
     buffer_steps: int = 10_000
-    replay_buffer_bytes: int = 64 << 20  # the simulator also bounds the replay buffer in bytes
+    replay_buffer_bytes: int = 16 << 20  # the simulator also bounds the replay buffer in bytes
     hwm: int = 100_000
     data_parallel_rank: int = 0
 

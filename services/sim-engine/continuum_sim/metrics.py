@@ -81,7 +81,9 @@ class EngineMetrics:
             "vllm:e2e_request_latency_seconds", "End-to-end request latency (simulated seconds).", labels,
             buckets=_E2E_BUCKETS, registry=r,
         ).labels(*values)  # fmt: skip
+        self._simulator_metrics(r)
 
+    def _simulator_metrics(self, r: CollectorRegistry) -> None:
         self.events_published = Counter(
             "continuum_sim_kv_event_batches_published", "KV event batches sent on the PUB socket.", registry=r
         )

@@ -66,19 +66,19 @@ class ZmqEventPublisher:
         pub: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.set_hwm(self.config.hwm)
+        self._pub = pub  # owned from here on, so close() releases it even if binding fails
         if self.config.zmq_mode == "bind":
             pub.bind(_wildcard_port(self.config.endpoint))
             self.endpoint = _connectable(pub.getsockopt_string(zmq.LAST_ENDPOINT))
         else:
             pub.connect(self.config.endpoint)
             self.endpoint = self.config.endpoint
-        self._pub = pub
         if self.config.replay_endpoint:
             router = self._ctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
+            self._router = router
             router.bind(_wildcard_port(self.config.replay_endpoint))
             self.replay_endpoint = _connectable(router.getsockopt_string(zmq.LAST_ENDPOINT))
-            self._router = router
             self._replay_task = asyncio.create_task(self._serve_replay(router), name="kv-replay")
 
     async def close(self) -> None:
