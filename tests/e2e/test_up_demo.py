@@ -40,20 +40,22 @@ async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Pat
         _, banner = await _read_until(proc.stdout, r"Ctrl-C stops everything", 5)
         assert f"curl -s {url}/v1/chat/completions" in banner
         assert f'OpenAI(base_url="{url}/v1"' in banner
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        reply = await client.chat.completions.create(
-            model="demo-model",
-            messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello!"}],
-        )
-        assert reply.choices[0].message.content
-        again = await client.chat.completions.create(
-            model="demo-model",
-            messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Again"}],
-        )
-        assert again.choices[0].message.content == reply.choices[0].message.content  # same prompt, same engine
         async with httpx.AsyncClient() as http:
-            models = (await http.get(f"{url}/v1/models")).json()
-            assert [m["id"] for m in models["data"]] == ["demo-model"]
+            models = [m["id"] for m in (await http.get(f"{url}/v1/models")).json()["data"]]
+        assert models == ["continuum-sim-8b"]
+        assert f'"model":"{models[0]}"' in banner
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        system = {"role": "system", "content": "You are terse. " * 20}
+        first = await client.chat.completions.create(
+            model=models[0], messages=[system, {"role": "user", "content": "Hello!"}], max_tokens=8
+        )
+        assert first.choices[0].message.content
+        again = await client.chat.completions.create(
+            model=models[0], messages=[system, {"role": "user", "content": "Again"}], max_tokens=8
+        )
+        # Same system prompt -> same engine (PrefixAwareHash), whose prefix cache now holds it.
+        assert again.usage is not None and again.usage.prompt_tokens_details is not None
+        assert again.usage.prompt_tokens_details.cached_tokens > 0
         # The demo wrote its config and started the embedded NATS with JetStream in .continuum/.
         assert (tmp_path / ".continuum" / "demo-config.yaml").exists()
         assert (tmp_path / ".continuum" / "nats" / "jetstream").is_dir()

@@ -1,62 +1,58 @@
-"""Engines and configuration for `continuum-router up --demo`."""
+"""Engines and configuration for `continuum-router up --demo`: a fleet of simulated vLLM engines
+(`continuum_sim.SimFleet`, in a child process of its own) and a config that routes to them."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-DEMO_MODEL = "demo-model"
+from continuum_sim import SimFleet
+
 DEMO_ENGINES = 3
 
 
-@dataclass(frozen=True)
-class DemoEngine:
-    name: str
-    url: str
-
-
 @contextlib.asynccontextmanager
-async def demo_engines(count: int = DEMO_ENGINES) -> AsyncIterator[list[DemoEngine]]:
-    """Start `count` engines on free loopback ports (in this process, on this event loop)."""
-    from continuum_ingress.testing.upstream import running_stubs
+async def demo_fleet(count: int = DEMO_ENGINES) -> AsyncIterator[SimFleet]:
+    """`count` simulated engines on free loopback ports (HTTP + vLLM-format KV events on ZMQ),
+    in one child process so they do not share the ingress's event loop and core. Real-time
+    timings (an 8B model on one H100), so answers take a realistic few hundred milliseconds."""
+    async with SimFleet(count, name_prefix="demo", process=True) as fleet:
+        yield fleet
 
-    names = [f"demo-{i + 1}" for i in range(count)]
-    async with running_stubs(*names) as stubs:
-        yield [DemoEngine(s.name, s.url) for s in stubs]
+
+def demo_model(fleet: SimFleet) -> str:
+    model: str = fleet.endpoints[0].model
+    return model
 
 
-def demo_config(engines: list[DemoEngine], *, host: str, port: int) -> dict[str, Any]:
+def demo_config(backends: Sequence[dict[str, Any]], *, host: str, port: int) -> dict[str, Any]:
     """Tier 1 on: the engines share a model, PrefixAwareHash keeps a system prompt on one."""
     return {
         "server": {"host": host, "port": port},
         "selection_strategy": "PrefixAwareHash",
         "prefix_routing": {"enabled": True},
-        "backends": [
-            {"name": e.name, "url": e.url, "type": "vllm", "models": [DEMO_MODEL], "health_check_interval_ms": 2000}
-            for e in engines
-        ],
+        "backends": [{**b, "health_check_interval_ms": 2000} for b in backends],
     }
 
 
-def banner(url: str, *, demo: bool, engines: int, services: list[str]) -> str:
+def banner(url: str, *, model: str | None, engines: int, services: list[str]) -> str:
     lines = [f"Continuum is up on {url}  (services: {', '.join(services)})"]
-    if demo:
+    if model is not None:
         body = (
-            '{"model":"' + DEMO_MODEL + '","messages":[{"role":"system","content":"You are terse."},'
+            '{"model":"' + model + '","messages":[{"role":"system","content":"You are terse."},'
             '{"role":"user","content":"Hello!"}]}'
         )
         lines += [
-            f"{engines} simulated engines serve the model '{DEMO_MODEL}'.",
+            f"{engines} simulated vLLM engines serve the model '{model}'.",
             "",
-            "Try it with curl:",
+            "Try it with curl (send it twice: the second answer reports cached prompt tokens):",
             f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' -d '{body}'",
             "",
             "Or with the OpenAI SDK (pip install openai):",
             "  from openai import OpenAI",
             f'  client = OpenAI(base_url="{url}/v1", api_key="unused")',
-            f'  reply = client.chat.completions.create(model="{DEMO_MODEL}", '
+            f'  reply = client.chat.completions.create(model="{model}", '
             'messages=[{"role": "user", "content": "Hello!"}])',
             "  print(reply.choices[0].message.content)",
         ]

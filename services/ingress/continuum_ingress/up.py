@@ -2,8 +2,9 @@
 
 Starts the embedded `nats-server -js` (when `bus.embedded`, the default) with its store under
 `.continuum/` (or `bus.data_dir`), then every service in SERVICES in order, and stops them in
-reverse order on SIGINT/SIGTERM. `--demo` first starts simulated engines and writes a config
-pointing at them to `.continuum/demo-config.yaml` (edit it: hot reload picks changes up).
+reverse order on SIGINT/SIGTERM. `--demo` first starts three simulated vLLM engines
+(continuum_sim.SimFleet, in a child process) and writes a config pointing at them to
+`.continuum/demo-config.yaml` (edit it: hot reload picks changes up).
 
 SERVICES is the registry the other services join as they land: the KV listener (issue 6), the
 indexer (issue 7) and gemini-cache (issue 8) each add one `Service` entry whose `run()` gets the
@@ -29,9 +30,10 @@ from continuum_common.errors import ConfigError
 from continuum_common.procs import NatsServer
 from continuum_ingress.app import IngressApp
 from continuum_ingress.demo import banner as demo_banner
-from continuum_ingress.demo import demo_config, demo_engines
+from continuum_ingress.demo import demo_config, demo_fleet, demo_model
 from continuum_ingress.run import install_stop_signals
 from continuum_ingress.server import RunningServer
+from continuum_sim import SimFleet
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,9 @@ class UpContext:
     data_dir: Path
     host: str | None = None
     port: int | None = None
+    # With --demo: the simulated engines (`fleet.endpoints`, `fleet.listener_sources()` for the
+    # KV listener's `sources:`).
+    fleet: SimFleet | None = None
 
 
 @dataclass(frozen=True)
@@ -126,16 +131,19 @@ async def up(
         install_stop_signals(stop)
     _make_dir(state_dir)
     async with contextlib.AsyncExitStack() as stack:
-        engines = await stack.enter_async_context(demo_engines()) if demo else []
+        fleet = await stack.enter_async_context(demo_fleet()) if demo else None
         if config_path is None:
+            assert fleet is not None
             bind_host = host or "127.0.0.1"
-            data = demo_config(engines, host=bind_host, port=_demo_port(bind_host) if port is None else port)
+            data = demo_config(
+                fleet.router_backends(), host=bind_host, port=_demo_port(bind_host) if port is None else port
+            )
             path = _write_yaml(state_dir / "demo-config.yaml", data)
         else:
             path = Path(config_path)
         config = load_router_config(path)
         nats_url = await stack.enter_async_context(_nats(config, state_dir))
-        ctx = UpContext(path, config, nats_url, state_dir, host, port)
+        ctx = UpContext(path, config, nats_url, state_dir, host, port, fleet)
         described: dict[str, str] = {}
         for service in SERVICES:
             described[service.name] = await stack.enter_async_context(service.run(ctx))
@@ -144,6 +152,8 @@ async def up(
         if on_ready is not None:
             on_ready(url)
         else:
-            print(demo_banner(url, demo=demo, engines=len(engines), services=list(described)), flush=True)
+            model = demo_model(fleet) if fleet is not None else None
+            engines = len(fleet.endpoints) if fleet is not None else 0
+            print(demo_banner(url, model=model, engines=engines, services=list(described)), flush=True)
         await stop.wait()
         log.info("stopping: %s", ", ".join(reversed(described)))
