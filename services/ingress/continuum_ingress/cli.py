@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from continuum_common.config import load_listener_config, load_router_config, read_yaml, router_warnings
-from continuum_common.errors import ConfigError
+from continuum_common.errors import ConfigError, ContinuumError
 
 
 def _cmd_config_validate(args: argparse.Namespace) -> int:
@@ -61,7 +61,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     setup_logging("up", args.log_level)
     try:
         run_loop(up(resolve_config_path(args.config), demo=args.demo, host=args.host, port=args.port))
-    except ConfigError as exc:
+    except ContinuumError as exc:  # a bad config, a missing secret, nats-server failing to start
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
