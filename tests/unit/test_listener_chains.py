@@ -26,7 +26,10 @@ def stored(hashes: list[int], parent: int | None, *, salt: str | None = None, me
     )  # fmt: skip
 
 
-def tracker(mode: str = "auto", *, detokenize: bool = False, limits: Limits = Limits()) -> ChainTracker:
+DEFAULT_LIMITS = Limits()
+
+
+def tracker(mode: str = "auto", *, detokenize: bool = False, limits: Limits = DEFAULT_LIMITS) -> ChainTracker:
     return ChainTracker(backend="vllm-1", book=DepthBook(), mode=mode, secret=SECRET, detokenize=detokenize,  # type: ignore[arg-type]
                         limits=limits)  # fmt: skip
 
