@@ -49,7 +49,9 @@ class EnginePublisher:
         self.shape = shape
         self.seq = 0
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
-        self.pub = ctx.socket(zmq.PUB)
+        # XPUB: wire-identical to PUB for the subscriber, and it tells us when a SUB has
+        # subscribed, so tests never lose their first batch to the "slow joiner" race.
+        self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 1_000_000)
         if bind:
@@ -64,6 +66,12 @@ class EnginePublisher:
             self.router.setsockopt(zmq.LINGER, 0)
             self.router.bind(replay_endpoint)
             self._task = asyncio.create_task(self._serve_replay())
+
+    async def wait_subscribed(self) -> None:
+        """Wait (at most 10 s) until a subscriber's subscription has reached this socket."""
+        async with asyncio.timeout(10.0):
+            while (await self.pub.recv())[:1] != b"\x01":
+                pass
 
     async def send(self, payload: bytes, *, frames: list[bytes] | None = None) -> int:
         """Publish one batch with the next seq (or raw `frames` as given); returns the seq."""
@@ -253,7 +261,9 @@ class TrtllmServer(_Http):
 
         super().__init__(Starlette(routes=[Route("/kv_cache_events", drain, methods=["POST"])]))
 
-    def push(self, events: list[dict[str, Any]] | bytes, *, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    def push(
+        self, events: list[dict[str, Any]] | bytes, *, status: int = 200, headers: dict[str, str] | None = None
+    ) -> None:
         body = events if isinstance(events, bytes) else orjson.dumps(events)
         self.bodies.put_nowait((status, body, headers or {}))
 
