@@ -126,7 +126,7 @@ class SourcePipeline:
         tracker = self.trackers.get(rank)
         if tracker is not None:
             tracker.withdraw()
-            self._after_change(tracker)
+            self._after_change(tracker, flush=False)
 
     # -- input -------------------------------------------------------------------------------
 
@@ -146,8 +146,10 @@ class SourcePipeline:
         if batch.unknown_fields:
             self.metrics.unknown_fields.labels(self.backend).inc(batch.unknown_fields)
         self.apply_events(self.tracker(0), batch.events, rank_scoped=False)
+        self.end_batch()
 
     def apply_events(self, tracker: ChainTracker, events: Sequence[EngineEvent], *, rank_scoped: bool) -> None:
+        """Apply events; the caller ends the batch with `end_batch()` (one flush per batch)."""
         kinds: dict[str, int] = {}
         for event in events:
             if type(event) is Stored:
@@ -173,7 +175,11 @@ class SourcePipeline:
             self.metrics.block_events.labels(self.backend, kind).inc(n)
         self.stats.received += len(events)
         self.stats.last_event_at = time.time()
-        self._after_change(tracker)
+        self._after_change(tracker, flush=False)
+
+    def end_batch(self) -> None:
+        if self.settings.coalesce_window <= 0:
+            self.flush()
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.stats.dropped += n
@@ -190,10 +196,10 @@ class SourcePipeline:
                 self.backend,
             )
 
-    def _after_change(self, tracker: ChainTracker) -> None:
+    def _after_change(self, tracker: ChainTracker, *, flush: bool = True) -> None:
         for what, n in tracker.drain_counts().items():
             self.metrics.chain_event(self.backend, what, n)
-        if self.settings.coalesce_window <= 0:
+        if flush and self.settings.coalesce_window <= 0:
             self.flush()
 
     # -- detokenize ----------------------------------------------------------------------------

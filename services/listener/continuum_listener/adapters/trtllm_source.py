@@ -122,4 +122,5 @@ class TrtllmSource:
                     self.pipeline.drop("window")
                     continue
             self.pipeline.apply_events(self.pipeline.tracker(event.rank), event.events, rank_scoped=True)
+        self.pipeline.end_batch()
         return len(decoded.events)
