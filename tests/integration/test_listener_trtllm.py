@@ -10,7 +10,6 @@ from typing import Any
 from continuum_common.config.listener import ListenerSource
 from continuum_common.events import KvEvent
 from continuum_common.salt import make_salt
-
 from continuum_listener.adapters.trtllm_source import TrtllmSource
 from continuum_listener.metrics import ListenerMetrics
 from continuum_listener.pipeline import PipelineSettings, SourcePipeline
@@ -100,13 +99,9 @@ async def rig(server: TrtllmServer, url: str | None = None) -> AsyncIterator[tup
             await task
 
 
-def drained(server: TrtllmServer, pipeline: SourcePipeline, polls_after: int) -> Callable[[], bool]:
-    return lambda: server.bodies.empty() and server.polls >= polls_after
-
-
 async def push_and_wait(server: TrtllmServer, pipeline: SourcePipeline, body: Any, **kw: Any) -> None:
     server.push(body, **kw)
-    await eventually(lambda: server.bodies.empty(), "the poller to take the body")
+    await eventually(server.bodies.empty, "the poller to take the body")
     polls = server.polls
     await eventually(lambda: server.polls > polls, "the next poll (the body is applied)")
 

@@ -74,6 +74,7 @@ class JetStreamPublisher:
         self._inflight: deque[tuple[_Item, asyncio.Future[PubAck]]] = deque()
         self._wake = asyncio.Event()
         self._online = asyncio.Event()
+        self._closing = False
         self._idle = asyncio.Event()  # nothing buffered or in flight
         self._idle.set()
 
@@ -108,7 +109,8 @@ class JetStreamPublisher:
     async def _on_disconnect(self) -> None:
         self._online.clear()
         self.metrics.bus_connected.set(0)
-        log.warning("NATS disconnected; buffering up to %d events", self.capacity)
+        if not self._closing:
+            log.warning("NATS disconnected; buffering up to %d events", self.capacity)
 
     async def _on_reconnect(self) -> None:
         self._online.set()
@@ -206,6 +208,7 @@ class JetStreamPublisher:
     async def close(self, deadline: float = 5.0) -> None:
         """Publish what is buffered (until `deadline` seconds), then drain the connection."""
         end = time.monotonic() + deadline
+        self._closing = True
         if self.connected:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), deadline)

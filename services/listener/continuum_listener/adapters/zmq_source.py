@@ -61,11 +61,13 @@ class ZmqSource:
         self.max_replay_seconds = max_replay_seconds
         self.seq = SeqTracker()
 
-    def _open(self) -> zmq.asyncio.Socket:
+    def _open(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
+        """The SUB socket and its monitor (attached before connecting, so no event is missed)."""
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         endpoint = self.source.zmq_endpoint
         assert endpoint is not None
         if self.source.zmq_mode == "bind":
@@ -74,11 +76,10 @@ class ZmqSource:
             sub.bind(endpoint)
         else:
             sub.connect(endpoint)
-        return sub
+        return sub, monitor
 
     async def run(self) -> None:
-        sub = self._open()
-        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        sub, monitor = self._open()
         watcher = asyncio.create_task(self._watch(monitor))
         try:
             while True:
