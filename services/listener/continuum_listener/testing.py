@@ -127,7 +127,8 @@ class EnginePublisher:
 
 def batch(events: list[Any], *, ts: float = 1767225600.125, rank: int | None = 0) -> bytes:
     """A vLLM KVEventBatch payload; `events` are already tagged arrays or maps."""
-    return msgpack.packb([ts, events, rank] if rank is not None else [ts, events], use_bin_type=True)
+    payload: bytes = msgpack.packb([ts, events, rank] if rank is not None else [ts, events], use_bin_type=True)
+    return payload
 
 
 def stored(
