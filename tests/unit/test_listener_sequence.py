@@ -119,3 +119,25 @@ async def test_resolver_pending_failed_and_unattributable() -> None:
     got = await resolver.resolve(lora)
     body = {"model": "adapter-a", "messages": [{"role": "user", "content": "hi"}]}
     assert got.prefix == request_prefix_key(body, enabled=True)  # a LoRA chain is keyed by the adapter name
+
+
+def test_trace_headers_with_and_without_tracing() -> None:
+    from continuum_common.config.router import Tracing as TracingConfig
+    from continuum_common.tracing import Tracing
+
+    from continuum_listener.adapters.publisher import trace_headers
+
+    seq = EventSequencer("b")
+    seq.new_epoch()
+    event = seq.make(EventType.CLEARED, None, Tier.GPU_HOT, 0)
+    plain = trace_headers(event, None)["traceparent"].split("-")
+    assert [len(p) for p in plain] == [2, 32, 16, 2] and plain[3] == "01"
+    assert trace_headers(event, None) != trace_headers(event, None)  # a fresh root each time
+    tracing = Tracing(TracingConfig(enabled=True, otlp_endpoint="http://127.0.0.1:9/v1/traces"), "test")
+    try:
+        headers = trace_headers(event, tracing)
+        context = tracing.extract(headers)
+        with tracing.tracer.start_as_current_span("apply", context=context) as child:
+            assert f"{child.get_span_context().trace_id:032x}" == headers["traceparent"].split("-")[1]
+    finally:
+        tracing.shutdown()

@@ -26,6 +26,7 @@ import zmq.asyncio
 
 from continuum_common.config.listener import ListenerSource
 from continuum_common.events import KvEvent
+from continuum_common.tracing import Tracing
 from continuum_listener.adapters.detokenize import DetokenizeClient
 from continuum_listener.adapters.heartbeat import Heartbeat
 from continuum_listener.adapters.http_server import HttpServer, build_app
@@ -53,11 +54,13 @@ class ListenerApp:
         self.metrics = ListenerMetrics(backends)
         self.pipelines: dict[str, SourcePipeline] = {}
         self.hub = SseHub(backends, history=cfg.limits.sse_history, state=self._announced, metrics=self.metrics)
+        self.tracing = Tracing(cfg.tracing, "kv-listener")
         self.publisher: JetStreamPublisher | None = None
         if cfg.bus is not None:
             self.publisher = JetStreamPublisher(
-                cfg.bus, self.metrics, capacity=cfg.limits.publish_buffer, on_overflow=self._overflow
-            )
+                cfg.bus, self.metrics, capacity=cfg.limits.publish_buffer, on_overflow=self._overflow,
+                tracing=self.tracing,
+            )  # fmt: skip
         sinks: list[EventSink] = [self.hub] if self.publisher is None else [self.hub, self.publisher]
         limits = cfg.limits
         self._pipeline_settings = PipelineSettings(
@@ -214,6 +217,7 @@ class ListenerApp:
             for client in self._detokenizers:
                 await client.aclose()
             self.zmq.destroy(linger=0)
+            self.tracing.shutdown()
 
     async def _shutdown(
         self, sources: list[asyncio.Task[Any]], background: list[asyncio.Task[Any]], http: asyncio.Task[Any]

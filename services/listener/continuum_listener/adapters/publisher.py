@@ -27,10 +27,12 @@ from nats.aio.client import Client as NatsClient
 from nats.js.api import PubAck
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError
+from opentelemetry.trace import SpanKind
 
 from continuum_common.bus import connect, ensure_kv_stream
 from continuum_common.config.router import Bus
 from continuum_common.events import KvEvent
+from continuum_common.tracing import Tracing
 from continuum_listener.metrics import ListenerMetrics
 
 log = logging.getLogger("continuum.listener.publisher")
@@ -45,8 +47,28 @@ class _Item:
 
 
 def traceparent() -> str:
+    """A new root context: the indexer's spans for this event start a trace of their own."""
     ids = os.urandom(24).hex()
     return f"00-{ids[:32]}-{ids[32:]}-01"
+
+
+def trace_headers(event: KvEvent, tracing: Tracing | None) -> dict[str, str]:
+    """`traceparent` for one event: a real "kv.event publish" span when tracing is on (the
+    indexer continues it), else a fresh random root context (always present, per DESIGN.md §5)."""
+    if tracing is None or not tracing.enabled:
+        return {"traceparent": traceparent()}
+    with tracing.tracer.start_as_current_span(
+        "kv.event publish",
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "continuum.backend": event.backend,
+            "continuum.event": event.type.value,
+            "continuum.seq": event.seq,
+        },
+    ):
+        headers: dict[str, str] = {}
+        tracing.inject(headers)
+    return headers or {"traceparent": traceparent()}
 
 
 class JetStreamPublisher:
@@ -59,8 +81,10 @@ class JetStreamPublisher:
         name: str = "continuum-kv-listener",
         window: int = 512,
         on_overflow: Callable[[str], None] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tracing = tracing
         self.metrics = metrics
         self.capacity = capacity
         self.name = name
@@ -98,7 +122,7 @@ class JetStreamPublisher:
             self.on_overflow(victim.backend)
             if victim is event:
                 return
-        headers = {"Nats-Msg-Id": event.msg_id, "traceparent": traceparent()}
+        headers = {"Nats-Msg-Id": event.msg_id, **trace_headers(event, self.tracing)}
         self._buffer.append(_Item(event, event.encode(), headers, time.monotonic()))
         self._idle.clear()
         self.metrics.publish_buffer.set(self.pending)
