@@ -133,7 +133,8 @@ def test_detokenize_job_attributes_only_from_the_determining_block() -> None:
     jobs = t.apply_stored(stored([1, 2, 3], None))
     assert len(jobs) == 1
     job = jobs[0]
-    assert job.run == [1, 2, 3] and job.depths == [4, 8, 12] and len(job.tokens) == 12
+    assert job.run == [1, 2, 3] and job.depths == [4, 8, 12] and job.tokens is None  # queued jobs hold no tokens
+    assert t.materialize(job) and job.tokens is not None and len(job.tokens) == 12
     assert t.retained_tokens == 12 and all(t.blocks[h].state is State.PENDING for h in (1, 2, 3))
     # A child stored while the job is in flight waits for it instead of starting its own.
     assert t.apply_stored(stored([4], 3)) == []
@@ -150,7 +151,7 @@ def test_detokenize_job_attributes_only_from_the_determining_block() -> None:
     assert changes(t) == [("created", "gpu_hot", 16)]
     # A new branch off the OPEN head needs its own job with the head's tokens.
     (branch,) = t.apply_stored(stored([5], 1))
-    assert branch.run == [5] and list(branch.tokens) == [1] * 4 + [5] * 4
+    assert t.materialize(branch) and branch.run == [5] and list(branch.tokens or []) == [1] * 4 + [5] * 4
 
 
 def test_pending_and_failed_jobs_leave_blocks_open_for_a_retry() -> None:
@@ -162,7 +163,7 @@ def test_pending_and_failed_jobs_leave_blocks_open_for_a_retry() -> None:
     assert t.resolve(follow, Resolution(Outcome.FAILED)) == []
     assert t.blocks[2].state is State.OPEN
     (retry,) = t.apply_stored(stored([3], 2))
-    assert list(retry.tokens) == [1] * 4 + [2] * 4 + [3] * 4
+    assert t.materialize(retry) and list(retry.tokens or []) == [1] * 4 + [2] * 4 + [3] * 4
     t.resolve(retry, Resolution(Outcome.UNATTRIBUTABLE))
     assert t.blocks[3].state is State.DEAD and t.blocks[3].tokens is None
 
@@ -171,6 +172,7 @@ def test_resolution_after_a_reset_is_ignored() -> None:
     t = tracker("detokenize", detokenize=True)
     (job,) = t.apply_stored(stored([1], None))
     t.reset()
+    assert not t.materialize(job)
     assert t.resolve(job, Resolution(Outcome.DETERMINED, 0, KEY)) == []
     assert not t.blocks and changes(t) == []
 

@@ -71,7 +71,7 @@ def test_sse_framing() -> None:
 
 
 def make_job(tokens: list[int], depths: list[int]) -> Job:
-    return Job(1, 0, list(range(100, 100 + len(depths))), depths, array("I", tokens), None)
+    return Job(1, 0, list(range(100, 100 + len(depths))), depths, None, array("I", tokens))
 
 
 async def test_resolver_bisects_to_the_first_determining_block() -> None:
@@ -113,7 +113,7 @@ async def test_resolver_pending_failed_and_unattributable() -> None:
     assert (await resolver.resolve(job)).outcome is Outcome.UNATTRIBUTABLE
     resolver = Resolver(detokenize=broken, family="chatml", model="m", max_prefix_length=1024)
     assert (await resolver.resolve(job)).outcome is Outcome.FAILED
-    lora = Job(2, 0, [5], [3], array("I", [1, 2, 3]), "adapter-a")
+    lora = Job(2, 0, [5], [3], "adapter-a", array("I", [1, 2, 3]))
     resolver = Resolver(detokenize=lambda _ids: text("<|im_start|>user\nhi<|im_end|>"), family="chatml", model="m",
                         max_prefix_length=1024)  # fmt: skip
     got = await resolver.resolve(lora)

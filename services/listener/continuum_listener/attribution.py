@@ -51,6 +51,7 @@ class Resolver:
             self._cache.move_to_end(key)
             self._on_outcome("cache_hit")
             return cached
+        assert job.tokens is not None, "materialize the job first"
         text = await self._detokenize(job.tokens[: job.depths[index]])
         anchor = split_anchor(self._family, text, self._max)
         self._cache[key] = anchor

@@ -80,6 +80,11 @@ class SourcePipeline:
         self._mode = mode
         self._jobs: asyncio.Queue[tuple[ChainTracker, Job]] = asyncio.Queue(settings.detokenize_queue)
         self._warned_mismatch = False
+        # Label children resolved once: `labels()` costs more than the increment on the hot path.
+        self._m_batches = metrics.batches.labels(self.backend)
+        self._m_kinds = {
+            k: metrics.block_events.labels(self.backend, k) for k in ("stored", "removed", "moved", "cleared")
+        }
         self._resync_wanted = False
 
     # -- trackers and numbering ----------------------------------------------------------------
@@ -140,7 +145,7 @@ class SourcePipeline:
         self.apply_batch(batch)
 
     def apply_batch(self, batch: Batch) -> None:
-        self.metrics.batches.labels(self.backend).inc()
+        self._m_batches.inc()
         for reason, n in batch.skipped.items():
             self.drop(reason, n)
         if batch.unknown_fields:
@@ -172,7 +177,7 @@ class SourcePipeline:
                 kind = "cleared"
             kinds[kind] = kinds.get(kind, 0) + 1
         for kind, n in kinds.items():
-            self.metrics.block_events.labels(self.backend, kind).inc(n)
+            self._m_kinds[kind].inc(n)
         self.stats.received += len(events)
         self.stats.last_event_at = time.time()
         self._after_change(tracker, flush=False)
@@ -216,7 +221,11 @@ class SourcePipeline:
         assert self.resolver is not None
         while True:
             tracker, job = await self._jobs.get()
-            resolution = await self.resolver.resolve(job)
+            if tracker.materialize(job):
+                resolution = await self.resolver.resolve(job)
+                job.tokens = None
+            else:
+                resolution = Resolution(Outcome.FAILED)
             follow = tracker.resolve(job, resolution)
             self._submit(tracker, follow)
             self._after_change(tracker)

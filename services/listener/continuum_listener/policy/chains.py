@@ -66,14 +66,18 @@ class Limits:
 
 @dataclass(slots=True)
 class Job:
-    """Tokens of the chain root → `run[-1]`, to detokenize; the answer attributes `run[i:]`."""
+    """Detokenize the chain root → `run[-1]`; the answer attributes `run[i:]`.
+
+    `tokens` is filled by `ChainTracker.materialize` only when a worker starts the job, so queued
+    jobs hold no token copies (memory stays within the retained-token limit plus one chain per
+    detokenize worker)."""
 
     id: int
     generation: int
     run: list[int]
     depths: list[int]
-    tokens: array[int]
     model: str | None  # LoRA adapter name overriding the source model for the key
+    tokens: array[int] | None = None
     waiters: list[list[int]] = field(default_factory=list)
 
 
@@ -279,7 +283,7 @@ class ChainTracker:
                 return False
         block.tokens = tokens
         self._token_blocks[key] = None
-        self.retained_tokens += span
+        self.retained_tokens += len(tokens)
         return True
 
     def _finish_run(self, run: list[int], event: Stored, jobs: list[Job]) -> None:
@@ -298,7 +302,8 @@ class ChainTracker:
         if job is not None:
             jobs.append(job)
 
-    def _rebuild(self, key: int) -> array[int] | None:
+    def _segments(self, key: int) -> list[array[int]] | None:
+        """Token segments from `key` back to the chain root, or None when one is missing."""
         segments: list[array[int]] = []
         block: Block | None = self.blocks.get(key)
         while block is not None:
@@ -306,21 +311,30 @@ class ChainTracker:
                 return None
             segments.append(block.tokens)
             if block.parent is None:
-                out: array[int] = array("I")
-                for segment in reversed(segments):
-                    out.extend(segment)
-                return out
+                return segments
             block = self.blocks.get(block.parent)
         return None
 
+    def materialize(self, job: Job) -> bool:
+        """Fill `job.tokens` (root → deepest block); False when the chain lost a segment since."""
+        if job.generation != self.generation or job.id not in self._jobs:
+            return False
+        segments = self._segments(job.run[-1])
+        if segments is None:
+            return False
+        tokens: array[int] = array("I")
+        for segment in reversed(segments):
+            tokens.extend(segment)
+        job.tokens = tokens
+        return True
+
     def _make_job(self, run: list[int], model: str | None) -> Job | None:
-        tokens = self._rebuild(run[-1])
-        if tokens is None:
+        if self._segments(run[-1]) is None:
             self._count("rebuild_failed")
             for key in run:
                 self._kill(key, self.blocks[key])
             return None
-        job = Job(self._next_job, self.generation, run, [self.blocks[k].depth for k in run], tokens, model)
+        job = Job(self._next_job, self.generation, run, [self.blocks[k].depth for k in run], model)
         self._next_job += 1
         self._jobs[job.id] = job
         for key in run:
