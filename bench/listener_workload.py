@@ -33,6 +33,7 @@ class Workload:
     seed: int = 1
     salted: bool = True
     mix: Mix = field(default_factory=Mix)
+    max_live: int = 200_000  # the simulated engine's cache capacity in blocks
     block_events: int = 0  # hashes stored + removed so far
 
     def __post_init__(self) -> None:
@@ -60,6 +61,7 @@ class Workload:
             if len(self.tails) > 512:
                 self.tails.pop(self.rng.randrange(len(self.tails)))
             self.live.extend(hashes)
+            self._trim()
             self.block_events += n
             return _stored(hashes, None, self._tokens(n), self.block_size, extra)
         if roll < self.mix.new_request + self.mix.extend:
@@ -67,6 +69,7 @@ class Workload:
             parent, child = self.tails[index], self._hash()
             self.tails[index] = child
             self.live.append(child)
+            self._trim()
             self.block_events += 1
             return _stored([child], parent, self._tokens(1), self.block_size, None)
         if not self.live:
@@ -76,6 +79,14 @@ class Workload:
         victim = self.live.pop()
         self.block_events += 1
         return {"type": "BlockRemoved", "block_hashes": [victim], "medium": "GPU", "group_idx": 0}
+
+    def _trim(self) -> None:
+        """Forget blocks beyond the engine's capacity (their removal is never announced, as when
+        events are lost: the listener's own limits must cope)."""
+        while len(self.live) > self.max_live:
+            index = self.rng.randrange(len(self.live))
+            self.live[index] = self.live[-1]
+            self.live.pop()
 
     def batches(self, count: int, events_per_batch: int = 8) -> Iterator[bytes]:
         for i in range(count):
