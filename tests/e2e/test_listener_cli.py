@@ -106,3 +106,24 @@ async def test_console_script_reports_config_errors(tmp_path: Path) -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 1
     assert b"sources[0].prefix_key_mode: salt echo needs salt.secret_env or salt.secret_file" in err
+
+
+async def test_console_script_reports_a_taken_bind_endpoint(tmp_path: Path) -> None:
+    ctx = zmq.asyncio.Context()
+    holder = ctx.socket(zmq.PUB)
+    port = holder.bind_to_random_port("tcp://127.0.0.1")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({
+        "listen": f"127.0.0.1:{free_port()}",
+        "sources": [{"backend_name": "v", "engine": "vllm", "zmq_endpoint": f"tcp://127.0.0.1:{port}",
+                     "zmq_mode": "bind", "allowed_publishers": ["127.0.0.1"], "prefix_key_mode": "detokenize",
+                     "detokenize_endpoint": "http://127.0.0.1:9/detokenize", "model": "m"}],
+    }))  # fmt: skip
+    try:
+        proc = await asyncio.create_subprocess_exec(script(), "--config", str(path), stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 1
+        assert b"cannot open a socket" in err and b"Traceback" not in err
+    finally:
+        holder.close(linger=0)
+        ctx.destroy(linger=0)

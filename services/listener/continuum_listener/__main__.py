@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from continuum_listener.app import serve
     from continuum_listener.config import load
+    from continuum_listener.errors import ListenerError
 
     try:
         settings = load(args.config)
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         asyncio.run(serve(settings))
-    except OSError as exc:  # e.g. the listen address or a ZMQ bind endpoint is taken
+    except ListenerError as exc:  # e.g. the listen address or a ZMQ bind endpoint is taken
         print(f"continuum-kv-listener: {exc}", file=sys.stderr)
         return 1
     return 0

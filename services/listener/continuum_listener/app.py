@@ -36,6 +36,7 @@ from continuum_listener.adapters.zap import ZapHandler
 from continuum_listener.adapters.zmq_source import ZAP_DOMAIN_PREFIX, ZmqSource
 from continuum_listener.attribution import Resolver
 from continuum_listener.config import ListenerSettings, uses_detokenize
+from continuum_listener.errors import ListenerError
 from continuum_listener.metrics import ListenerMetrics
 from continuum_listener.pipeline import EventSink, PipelineSettings, SourcePipeline
 from continuum_listener.policy.chains import Limits
@@ -262,9 +263,17 @@ async def running(settings: ListenerSettings, **kwargs: Any) -> AsyncIterator[Li
 
 
 async def serve(settings: ListenerSettings) -> None:
-    """Run until SIGTERM / SIGINT (the console script)."""
-    app = ListenerApp(settings)
+    """Run until SIGTERM / SIGINT (the console script). A socket that cannot be opened (the
+    listen address or a ZMQ bind endpoint taken) raises ListenerError with the reason."""
+    try:
+        app = ListenerApp(settings)
+    except OSError as exc:
+        raise ListenerError(f"cannot listen on {settings.config.listen}: {exc.strerror}") from None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, app.stop)
-    await app.run()
+    try:
+        await app.run()
+    except* (OSError, zmq.ZMQError) as group:
+        first = group.exceptions[0]
+        raise ListenerError(f"cannot open a socket: {first}") from None
