@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Literal
 
+from continuum_common.events import Tier
 from continuum_common.salt import verify_salt
 from continuum_listener.policy.depths import GPU, STORAGE, DepthBook
-from continuum_listener.protocol.model import GPU_MEDIA, Moved, Removed, Stored
+from continuum_listener.protocol.model import GPU_MEDIA, Moved, Removed, Stored, medium_tier
 
 Mode = Literal["salt_echo", "detokenize", "auto"]
 _GPU_BIT = 1
@@ -133,10 +134,14 @@ class ChainTracker:
         return counts
 
     def _bit(self, medium: str | None) -> int:
+        """One bit per medium name; every GPU name shares bit 0 (the gpu_hot tier)."""
         if medium is None:
             return _GPU_BIT
         bit = self._media.get(medium)
         if bit is None:
+            if medium_tier(medium) is Tier.GPU_HOT:
+                self._media[medium] = _GPU_BIT
+                return _GPU_BIT
             used = len(set(self._media.values()))
             bit = 1 << min(used, _MAX_MEDIUM_BITS)
             self._media[medium] = bit

@@ -26,8 +26,3 @@ def salt_candidate(extra_keys: Any, lora_name: str | None = None) -> str | None:
         if type(key) is str and key.startswith(SALT_PREFIX) and key != lora_name:
             return key
     return None
-
-
-def foreign_salt(value: Any) -> bool:
-    """True for a salt-shaped value that is not ours (kept out of verification, see docs)."""
-    return isinstance(value, str) and not value.startswith(SALT_PREFIX)
