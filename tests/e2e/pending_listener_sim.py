@@ -23,11 +23,10 @@ from continuum_common.events import STREAM_NAME, EventType, KvEvent, decode_even
 from continuum_common.hashing import request_prefix_key
 from continuum_common.procs import NatsServer
 from continuum_common.salt import make_salt
-from continuum_sim import SimFleet, Tokenizer, render_chat
-from continuum_sim.protocol.chat_template import parse_messages
-
 from continuum_listener.app import ListenerApp, running
 from continuum_listener.config import settings_from
+from continuum_sim import SimFleet, Tokenizer, render_chat
+from continuum_sim.protocol.chat_template import parse_messages
 
 SECRET = "sim-e2e-secret"
 BLOCK = 16
