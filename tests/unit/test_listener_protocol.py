@@ -329,3 +329,57 @@ def test_trtllm_bad_events_keep_their_id_when_readable() -> None:
     out = decode_body(body)
     assert [(e.event_id, e.reason) for e in out.events] == [(1, "schema"), (2, "unknown_tag"), (4, "schema")]
     assert out.skipped == {"schema": 2}
+
+
+# -- robustness: nothing but DecodeError escapes the decoders ----------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1), st.floats(),
+    st.text(max_size=8), st.binary(max_size=40), st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared",
+    "GPU", "CPU", "full_attention", "type", "block_hashes", "token_ids"]),
+)  # fmt: skip
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=12) | st.dictionaries(st.sampled_from(
+        ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "medium", "extra_keys",
+         "group_idx", "kv_cache_spec_kind", "ts", "events", "lora_name"]), inner, max_size=8),
+    max_leaves=40,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_values, max_size=6), st.floats(allow_nan=False) | st.integers(0, 10))
+def test_arbitrary_msgpack_batches_never_raise_anything_else(events: list[object], ts: object) -> None:
+    payload = msgpack.packb([ts, events, 0])
+    try:
+        batch = decode_batch(payload)
+    except DecodeError:
+        return
+    for event in batch.events:
+        assert isinstance(event, Stored | Removed | Cleared)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_raise_anything_else(payload: bytes) -> None:
+    for decoder in (decode_batch, decode_body):
+        try:
+            decoder(payload)
+        except DecodeError:
+            pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(_values)
+def test_arbitrary_trtllm_json_never_raises_anything_else(value: object) -> None:
+    try:
+        body = orjson.dumps([value, {"event_id": 1, "data": value}], option=orjson.OPT_NON_STR_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return
+    try:
+        decode_body(body)
+    except DecodeError:
+        pass

@@ -142,7 +142,11 @@ class SourcePipeline:
         except DecodeError as exc:
             self.drop(exc.reason)
             return
-        self.apply_batch(batch)
+        try:
+            self.apply_batch(batch)
+        except Exception:  # a bug must not stop the source: count, log (no payload), go on
+            self.drop("other")
+            log.exception("source %s: failed to apply a batch of %d events", self.backend, len(batch.events))
 
     def apply_batch(self, batch: Batch) -> None:
         self._m_batches.inc()

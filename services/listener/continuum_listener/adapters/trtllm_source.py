@@ -65,7 +65,13 @@ class TrtllmSource:
                     continue
                 backoff = 0.25
                 self._set_connected(True)
-                if not self.handle(body):
+                try:
+                    handled = self.handle(body)
+                except Exception:  # a bug must not stop the poller: count, log (no body), go on
+                    self.pipeline.drop("other")
+                    log.exception("source %s: failed to apply a response of %d bytes", self.backend, len(body))
+                    handled = 0
+                if not handled:
                     await asyncio.sleep(self.source.poll_interval_ms / 1000)
 
     def _set_connected(self, connected: bool) -> None:
