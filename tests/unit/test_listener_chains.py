@@ -269,3 +269,16 @@ def test_depth_book_lazy_heap_compacts() -> None:
     book.remove(GPU, KEY, 199)
     assert book.depth(GPU, KEY) == 0
     book.remove(GPU, b"missing", 3)  # unknown keys and depths are ignored
+
+
+def test_page_size_one_chains_need_one_job_per_resolution_not_one_per_token() -> None:
+    t = tracker("detokenize", detokenize=True)
+    (job,) = t.apply_stored(Stored([1], None, [1], [7], True, False))
+    for h in range(2, 101):  # SGLang page size 1: one event per token, all while job 1 is in flight
+        assert t.apply_stored(Stored([h], h - 1, [1], [7], True, False)) == []
+    (follow,) = t.resolve(job, Resolution(Outcome.PENDING))
+    assert follow.run == list(range(2, 101)) and follow.depths[-1] == 100
+    assert t.materialize(follow) and follow.tokens is not None and len(follow.tokens) == 100
+    assert t.resolve(follow, Resolution(Outcome.DETERMINED, 40, KEY)) == []
+    assert t.blocks[41].state is State.OPEN and t.blocks[42].state is State.ATTRIBUTED
+    assert changes(t) == [("created", "gpu_hot", 100)]

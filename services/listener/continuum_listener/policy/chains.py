@@ -433,13 +433,26 @@ class ChainTracker:
             else:
                 block.state = State.OPEN
                 block.job = 0
+        pending = [key for run in job.waiters for key in self._reclassify(run, job)]
+        if outcome is Outcome.FAILED:
+            return []  # the endpoint is failing: the next stored block retries, not a cascade
         follow: list[Job] = []
-        for run in job.waiters:
-            self._resume(run, job, outcome is Outcome.FAILED, follow)
+        for segment in self._segments_of(pending):
+            head = self.blocks[segment[0]]
+            parent = self.blocks.get(head.parent) if head.parent is not None else None
+            if parent is not None and parent.state is State.PENDING and parent.job in self._jobs:
+                self._jobs[parent.job].waiters.append(segment)
+                for key in segment:
+                    self.blocks[key].state, self.blocks[key].job = State.PENDING, parent.job
+                continue
+            new = self._make_job(segment, job.model)
+            if new is not None:
+                follow.append(new)
         return follow
 
-    def _resume(self, run: list[int], job: Job, failed: bool, follow: list[Job]) -> None:
-        """Re-classify a run that was stored while its parent's job was in flight."""
+    def _reclassify(self, run: list[int], job: Job) -> list[int]:
+        """Classify blocks stored while their parent's job was in flight; returns those still
+        open (in order)."""
         pending: list[int] = []
         for key in run:
             block = self.blocks.get(key)
@@ -455,18 +468,20 @@ class ChainTracker:
             else:
                 block.state, block.job = State.OPEN, 0
                 pending.append(key)
-        if not pending or failed:
-            return
-        head = self.blocks[pending[0]]
-        parent = self.blocks.get(head.parent) if head.parent is not None else None
-        if parent is not None and parent.state is State.PENDING and parent.job in self._jobs:
-            self._jobs[parent.job].waiters.append(pending)
-            for key in pending:
-                self.blocks[key].state, self.blocks[key].job = State.PENDING, parent.job
-            return
-        new = self._make_job(pending, job.model)
-        if new is not None:
-            follow.append(new)
+        return pending
+
+    def _segments_of(self, keys: list[int]) -> list[list[int]]:
+        """Split blocks into linear chain segments, so one job (one bisection) covers what
+        arrived as many small runs — SGLang with page size 1 stores one block per token."""
+        segments: list[list[int]] = []
+        previous: int | None = None
+        for key in keys:
+            if segments and self.blocks[key].parent == previous:
+                segments[-1].append(key)
+            else:
+                segments.append([key])
+            previous = key
+        return segments
 
     # -- inspection --------------------------------------------------------------------------
 
