@@ -1,5 +1,3 @@
-# Becomes tests/e2e/test_listener_sim.py once continuum_sim (branch sim-engine) is on main: it passes
-# against that branch (merged in a scratch worktree); until then it is not collected.
 """Simulated vLLM engines → listener → JetStream, in both prefix-key modes.
 
 The engines are real `continuum_sim` servers (OpenAI API, vLLM block pool, vLLM-format ZMQ KV
@@ -12,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -21,11 +20,11 @@ import pytest
 from continuum_common.config.listener import ListenerConfig
 from continuum_common.events import STREAM_NAME, EventType, KvEvent, decode_event
 from continuum_common.hashing import request_prefix_key
-from continuum_common.procs import NatsServer
+from continuum_common.procs import NatsServer, free_port
 from continuum_common.salt import make_salt
 from continuum_listener.app import ListenerApp, running
 from continuum_listener.config import settings_from
-from continuum_sim import SimFleet, Tokenizer, render_chat
+from continuum_sim import EngineConfig, KvEventsConfig, SimFleet, Tokenizer, render_chat
 from continuum_sim.protocol.chat_template import parse_messages
 
 SECRET = "sim-e2e-secret"
@@ -170,3 +169,31 @@ async def test_detokenize_sim_engine_to_jetstream(nats_server: NatsServer, monke
         assert {e.prefix_hash for e in events if e.prefix_hash} == keys
         sample = app.metrics.sample
         assert sample("continuum_kv_listener_detokenize_total", {"backend": backend, "outcome": "determined"}) >= 3
+
+
+async def test_engine_dials_a_binding_listener(nats_server: NatsServer, monkeypatch: Any) -> None:
+    """vLLM's default for a tcp://host:port endpoint: the engine connects, the listener binds
+    and admits only allowed publishers."""
+    monkeypatch.setenv("CONTINUUM_SIM_E2E_SALT", SECRET)
+    port = free_port()
+    kv = KvEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", zmq_mode="connect", replay_endpoint=None)
+    config = replace(EngineConfig(name="sim-dial"), kv_events=kv)
+    async with SimFleet(configs=[config], time_scale=0.001) as fleet:
+        (source,) = fleet.listener_sources()
+        assert source["zmq_mode"] == "bind"
+        source.update(prefix_key_mode="salt_echo", allowed_publishers=["127.0.0.1"])
+        source.pop("detokenize_endpoint", None)
+        cfg = ListenerConfig.model_validate(
+            {"listen": "127.0.0.1:0", "bus": {"embedded": False, "url": nats_server.url},
+             "salt": {"secret_env": "CONTINUUM_SIM_E2E_SALT"}, "sources": [source]}
+        )  # fmt: skip
+        async with running(settings_from(cfg)) as app:
+            async with asyncio.timeout(10):
+                while not app.pipelines["sim-dial"].stats.connected:
+                    await asyncio.sleep(0.02)
+            request = body("Dial-in engines are welcome here.", "hello", 32)
+            key = request_prefix_key(request, enabled=True)
+            assert key is not None
+            await chat(fleet, {**request, "cache_salt": make_salt(SECRET.encode(), "sim-dial", key)})
+            events = await wait_for_keys(nats_server.url, {key.hex()})
+            assert deepest(events, key.hex()) >= prompt_tokens(request) // BLOCK * BLOCK
