@@ -1,13 +1,43 @@
-"""`continuum-kv-listener`: engine KV events -> NATS JetStream."""
+"""`continuum-kv-listener --config config.kv-listener.yaml`: engine KV events -> NATS JetStream
+and SSE. Thin: parse arguments, load the configuration, run the app."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import os
 import sys
 
+from continuum_common.errors import ConfigError
+from continuum_common.logs import setup_logging
 
-def main() -> int:
-    print("continuum-kv-listener: not implemented yet", file=sys.stderr)
-    return 2
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="continuum-kv-listener", description=__doc__)
+    parser.add_argument(
+        "--config",
+        default=os.environ.get("CONTINUUM_LISTENER_CONFIG", "config.kv-listener.yaml"),
+        help="listener configuration file (default: config.kv-listener.yaml)",
+    )
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING, ERROR")
+    args = parser.parse_args(argv)
+    setup_logging("kv-listener", args.log_level)
+
+    from continuum_listener.app import serve
+    from continuum_listener.config import load
+    from continuum_listener.errors import ListenerError
+
+    try:
+        settings = load(args.config)
+    except ConfigError as exc:
+        print(f"continuum-kv-listener: {exc}", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(serve(settings))
+    except ListenerError as exc:  # e.g. the listen address or a ZMQ bind endpoint is taken
+        print(f"continuum-kv-listener: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,90 @@
+"""The listener's HTTP surface: `GET /events/{backend}` (SSE), `GET /healthz`, `GET /metrics`.
+
+Served by uvicorn inside the listener's own event loop; the app owns signals (SIGTERM drains),
+so uvicorn's signal capture is disabled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from continuum_listener.metrics import ListenerMetrics
+from continuum_listener.sse_hub import SseHub
+
+
+def error(status: int, message: str, kind: str) -> JSONResponse:
+    """OpenAI-style error body."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
+
+
+def build_app(hub: SseHub, metrics: ListenerMetrics, health: Callable[[], dict[str, Any]]) -> Starlette:
+    async def events(request: Request) -> Response:
+        backend = request.path_params["backend"]
+        if backend not in hub.backends:
+            return error(404, f"unknown backend {backend!r}", "not_found_error")
+        if hub.draining:
+            return error(503, "listener is draining", "unavailable_error")
+        last = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
+        subscriber = hub.subscribe(backend, last)
+        return StreamingResponse(
+            hub.stream(subscriber),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        )
+
+    async def healthz(_request: Request) -> Response:
+        body = health()
+        return JSONResponse(body, 503 if body.get("status") == "draining" else 200)
+
+    async def prometheus(_request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def not_found(_request: Request, _exc: Exception) -> Response:
+        return error(404, "not found", "not_found_error")
+
+    async def not_allowed(_request: Request, _exc: Exception) -> Response:
+        return error(405, "method not allowed", "invalid_request_error")
+
+    return Starlette(
+        routes=[
+            Route("/events/{backend}", events, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", prometheus, methods=["GET"]),
+        ],
+        exception_handlers={404: not_found, 405: not_allowed},
+    )
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the listener app handles SIGTERM / SIGINT itself
+
+
+class HttpServer:
+    def __init__(self, app: Starlette, listen: str) -> None:
+        host, _, port = listen.rpartition(":")
+        self.host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((self.host, int(port)))
+        self.port: int = self.socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2)
+        self.server = _Server(config)
+
+    async def run(self) -> None:
+        await self.server.serve(sockets=[self.socket])
+
+    def stop(self) -> None:
+        self.server.should_exit = True

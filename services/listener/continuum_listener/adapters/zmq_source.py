@@ -1,0 +1,187 @@
+"""vLLM / SGLang KV events over ZMQ: a SUB socket per source, replay through a DEALER.
+
+Continuity (kv-events-spec §5.1): the 8-byte seq of every message is checked against the last
+one applied.
+
+* the next seq → apply;
+* a jump → ask the publisher's ROUTER (`replay_endpoint`) for the missing batches, apply them in
+  order, then the live one. A replay that starts after the first missing seq (the publisher's
+  buffer no longer holds it), times out or is not configured cannot restore the chain state: the
+  source starts a new epoch (`cleared`) and the loss is counted;
+* the first message after start-up with seq > 0 → replay from seq 0 to rebuild the chain state
+  the engine already holds (as much as its buffer still has);
+* seq going backwards → the publisher restarted: new epoch, then the same start-up replay.
+
+Live messages that arrive during a replay wait in the SUB socket's queue (bounded by its
+high-water mark; overflow there shows up as one more gap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from continuum_common.config.listener import ListenerSource
+from continuum_listener.errors import DecodeError
+from continuum_listener.pipeline import SourcePipeline
+from continuum_listener.policy.sequence import SeqAction, SeqTracker
+from continuum_listener.protocol.frames import parse_pub, parse_replay, replay_request
+
+log = logging.getLogger("continuum.listener.zmq")
+
+ZAP_DOMAIN_PREFIX = "continuum-"
+# A peer counts once its handshake (including the ZAP check in bind mode) succeeded.
+_CONNECT_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED,)
+_DISCONNECT_EVENTS = (zmq.EVENT_DISCONNECTED,)
+
+
+class ZmqSource:
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        source: ListenerSource,
+        pipeline: SourcePipeline,
+        *,
+        rcvhwm: int = 100_000,
+        max_replay_seconds: float = 30.0,
+    ) -> None:
+        self.ctx = ctx
+        self.source = source
+        self.pipeline = pipeline
+        self.metrics = pipeline.metrics
+        self.backend = source.backend_name
+        self.rcvhwm = rcvhwm
+        self.replay_timeout = source.request_timeout_ms / 1000
+        self.max_replay_seconds = max_replay_seconds
+        self.seq = SeqTracker()
+
+    def _open(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
+        """The SUB socket and its monitor (attached before connecting, so no event is missed)."""
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        endpoint = self.source.zmq_endpoint
+        assert endpoint is not None
+        if self.source.zmq_mode == "bind":
+            # The ZAP handler (adapters.zap) checks the peer address against allowed_publishers.
+            sub.setsockopt(zmq.ZAP_DOMAIN, (ZAP_DOMAIN_PREFIX + self.backend).encode())
+            sub.bind(endpoint)
+        else:
+            sub.connect(endpoint)
+        return sub, monitor
+
+    async def run(self) -> None:
+        sub, monitor = self._open()
+        watcher = asyncio.create_task(self._watch(monitor))
+        try:
+            while True:
+                frames = await sub.recv_multipart()
+                await self.handle(frames)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+            self._set_connected(False)
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        peers = 0
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())["event"]
+            if event in _CONNECT_EVENTS:
+                peers += 1
+                self.pipeline.stats.reconnects += 1
+                self.metrics.reconnects.labels(self.backend).inc()
+            elif event in _DISCONNECT_EVENTS:
+                peers = max(0, peers - 1)
+            self._set_connected(peers > 0)
+
+    def _set_connected(self, connected: bool) -> None:
+        self.pipeline.stats.connected = connected
+        self.metrics.connected.labels(self.backend).set(1 if connected else 0)
+
+    async def handle(self, frames: list[bytes]) -> None:
+        """One live PUB message."""
+        try:
+            frame = parse_pub(frames)
+        except DecodeError as exc:
+            self.pipeline.drop(exc.reason)
+            return
+        decision = self.seq.observe(frame.seq)
+        if decision.action is SeqAction.RESTART:
+            log.warning("source %s: publisher seq went back to %d: restart", self.backend, frame.seq)
+            self.pipeline.start_epoch("publisher_restart")
+            self.seq.forget()
+        if decision.action is SeqAction.GAP:
+            recovered = await self._replay(decision.missing_from, frame.seq, fresh=False)
+            if not recovered:
+                self.pipeline.start_epoch("gap")
+        elif decision.action is not SeqAction.APPLY and frame.seq > 0:
+            await self._replay(0, frame.seq, fresh=True)  # JOIN, or RESTART past seq 0
+        self.seq.advance(frame.seq)
+        self.pipeline.apply_payload(frame.payload)
+
+    async def _replay(self, start: int, end: int, *, fresh: bool) -> bool:
+        """Apply batches [start, end) from the replay socket. True when all were recovered.
+
+        `fresh`: nothing is tracked yet (start-up or restart), so a partial history is still
+        useful and never forces a new epoch."""
+        endpoint = self.source.replay_endpoint
+        if endpoint is None:
+            if not fresh:
+                self.metrics.replay(self.backend, "failed")
+                self.pipeline.drop("replay_lost", end - start)
+            return fresh
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        expected, outcome = start, "recovered"
+        deadline = time.monotonic() + self.max_replay_seconds
+        try:
+            dealer.connect(endpoint)
+            await dealer.send_multipart(replay_request(start))
+            while expected < end:
+                wait = min(self.replay_timeout, deadline - time.monotonic())
+                if wait <= 0 or not await dealer.poll(int(wait * 1000)):
+                    outcome = "timeout"
+                    break
+                try:
+                    item = parse_replay(await dealer.recv_multipart())
+                except DecodeError as exc:
+                    self.pipeline.drop(exc.reason)
+                    continue
+                if item is None:
+                    break
+                if item.seq < expected:
+                    continue
+                if item.seq > expected:
+                    # The publisher's buffer starts after what we asked for.
+                    self.pipeline.drop("replay_lost", min(item.seq, end) - expected)
+                    if not fresh:
+                        self.pipeline.start_epoch("replay_lost")
+                        fresh = True  # from here on we rebuild as after a restart
+                    outcome = "partial"
+                    expected = item.seq
+                    if expected >= end:
+                        break
+                self.seq.advance(item.seq)
+                self.pipeline.apply_payload(item.payload)
+                expected = item.seq + 1
+        finally:
+            dealer.close(linger=0)
+        if expected < end:
+            self.pipeline.drop("replay_lost", end - expected)
+            if outcome == "recovered":
+                outcome = "failed"
+        self.metrics.replay(self.backend, outcome)
+        return outcome == "recovered" or (fresh and outcome == "partial")

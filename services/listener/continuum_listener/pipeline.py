@@ -1,0 +1,296 @@
+"""One source's processing: decoded engine events → chain tracker → coalesced normalized events.
+
+Transport adapters (ZMQ, TRT-LLM poller) call into a SourcePipeline synchronously; it never
+blocks. Detokenize jobs go to a bounded queue served by `detokenize_concurrency` workers; a full
+queue leaves the blocks OPEN for a later retry (counted). Normalized events are numbered by the
+source's EventSequencer and handed to every sink (the JetStream publisher, the SSE hub).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from continuum_common.config.listener import ListenerSource
+from continuum_common.events import EventType, KvEvent, Tier
+from continuum_common.logs import short_hash
+from continuum_listener.attribution import Resolver
+from continuum_listener.errors import DecodeError
+from continuum_listener.metrics import ListenerMetrics
+from continuum_listener.policy.chains import ChainTracker, Job, Limits, Mode, Outcome, Resolution
+from continuum_listener.policy.depths import DepthBook
+from continuum_listener.policy.sequence import EventSequencer
+from continuum_listener.protocol.engine import decode_batch
+from continuum_listener.protocol.model import Batch, Cleared, EngineEvent, Moved, Removed, Stored
+
+log = logging.getLogger("continuum.listener")
+MAX_RANKS = 64
+
+
+class EventSink(Protocol):
+    def submit(self, event: KvEvent) -> None: ...
+
+
+@dataclass(slots=True)
+class SourceStats:
+    """What the heartbeat reports for one source."""
+
+    connected: bool = False
+    received: int = 0  # engine events applied
+    dropped: int = 0
+    last_event_at: float | None = None
+    reconnects: int = 0
+    mismatches: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    limits: Limits
+    coalesce_window: float  # seconds; 0 = flush after every batch
+    max_prefix_length: int
+    secret: bytes | None
+    detokenize_concurrency: int = 4
+    detokenize_queue: int = 1024
+
+
+class SourcePipeline:
+    def __init__(
+        self,
+        source: ListenerSource,
+        settings: PipelineSettings,
+        metrics: ListenerMetrics,
+        sinks: Sequence[EventSink],
+        resolver: Resolver | None = None,
+    ) -> None:
+        self.source = source
+        self.backend = source.backend_name
+        self.settings = settings
+        self.metrics = metrics
+        self.sinks = list(sinks)
+        self.resolver = resolver
+        self.book = DepthBook()
+        self.sequencer = EventSequencer(self.backend)
+        self.stats = SourceStats()
+        self.trackers: dict[int, ChainTracker] = {}
+        mode: Mode = source.prefix_key_mode
+        self._mode = mode
+        self._jobs: asyncio.Queue[tuple[ChainTracker, Job]] = asyncio.Queue(settings.detokenize_queue)
+        self._warned_mismatch = False
+        # Label children resolved once: `labels()` costs more than the increment on the hot path.
+        self._m_batches = metrics.batches.labels(self.backend)
+        self._m_kinds = {
+            k: metrics.block_events.labels(self.backend, k) for k in ("stored", "removed", "moved", "cleared")
+        }
+        self._resync_wanted = False
+
+    # -- trackers and numbering ----------------------------------------------------------------
+
+    def tracker(self, rank: int = 0) -> ChainTracker:
+        tracker = self.trackers.get(rank)
+        if tracker is None:
+            tracker = self.trackers[rank] = ChainTracker(
+                backend=self.backend,
+                book=self.book,
+                mode=self._mode,
+                secret=self.settings.secret,
+                detokenize=self.resolver is not None,
+                limits=self.settings.limits,
+            )
+        return tracker
+
+    def _emit(self, kind: EventType, prefix: bytes | None, tier: Tier, count: int) -> KvEvent:
+        event = self.sequencer.make(kind, prefix, tier, count)
+        self.metrics.published.labels(self.backend, kind.value).inc()
+        for sink in self.sinks:
+            sink.submit(event)
+        return event
+
+    def start_epoch(self, reason: str) -> None:
+        """A new source_epoch that starts with `cleared`: consumers drop what they knew."""
+        for tracker in self.trackers.values():
+            tracker.reset()
+        self.book.clear()
+        epoch = self.sequencer.new_epoch()
+        self.metrics.epoch(self.backend, reason)
+        log.info("source %s: epoch %d (%s)", self.backend, epoch, reason)
+        self._emit(EventType.CLEARED, None, Tier.GPU_HOT, 0)
+
+    def clear(self) -> None:
+        """AllBlocksCleared: same epoch, everything gone."""
+        for tracker in self.trackers.values():
+            tracker.reset()
+        self.book.clear()
+        self._emit(EventType.CLEARED, None, Tier.GPU_HOT, 0)
+
+    def reset_rank(self, rank: int) -> None:
+        """One TRT-LLM attention-DP rank restarted or lost events: withdraw only its blocks."""
+        tracker = self.trackers.get(rank)
+        if tracker is not None:
+            tracker.withdraw()
+            self._after_change(tracker, flush=False)
+
+    # -- input -------------------------------------------------------------------------------
+
+    def apply_payload(self, payload: bytes) -> None:
+        """Decode one vLLM/SGLang payload frame and apply it (counted drop when malformed)."""
+        try:
+            batch = decode_batch(payload, block_size=self.source.block_size)
+        except DecodeError as exc:
+            self.drop(exc.reason)
+            return
+        try:
+            self.apply_batch(batch)
+        except Exception:  # a bug must not stop the source: count, log (no payload), go on
+            self.drop("other")
+            log.exception("source %s: failed to apply a batch of %d events", self.backend, len(batch.events))
+
+    def apply_batch(self, batch: Batch) -> None:
+        self._m_batches.inc()
+        for reason, n in batch.skipped.items():
+            self.drop(reason, n)
+        if batch.unknown_fields:
+            self.metrics.unknown_fields.labels(self.backend).inc(batch.unknown_fields)
+        self.apply_events(self.tracker(0), batch.events, rank_scoped=False)
+        self.end_batch()
+
+    def apply_events(self, tracker: ChainTracker, events: Sequence[EngineEvent], *, rank_scoped: bool) -> None:
+        """Apply events; the caller ends the batch with `end_batch()` (one flush per batch)."""
+        kinds: dict[str, int] = {}
+        for event in events:
+            if type(event) is Stored:
+                if event.mismatch:
+                    self._mismatch()
+                self._submit(tracker, tracker.apply_stored(event))
+                kind = "stored"
+            elif type(event) is Removed:
+                tracker.apply_removed(event)
+                kind = "removed"
+            elif type(event) is Moved:
+                tracker.apply_moved(event)
+                kind = "moved"
+            else:
+                assert type(event) is Cleared
+                if rank_scoped:
+                    tracker.withdraw()
+                else:
+                    self.clear()
+                kind = "cleared"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        for kind, n in kinds.items():
+            self._m_kinds[kind].inc(n)
+        self.stats.received += len(events)
+        self.stats.last_event_at = time.time()
+        self._after_change(tracker, flush=False)
+
+    def end_batch(self) -> None:
+        if self.settings.coalesce_window <= 0:
+            self.flush()
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.stats.dropped += n
+        self.metrics.drop(self.backend, reason, n)
+
+    def _mismatch(self) -> None:
+        self.stats.mismatches += 1
+        self.metrics.mismatch.labels(self.backend).inc()
+        if not self._warned_mismatch:
+            self._warned_mismatch = True
+            log.warning(
+                "source %s: a stored event's token count does not match its block_size; such "
+                "blocks are tracked without tokens (warned once per source)",
+                self.backend,
+            )
+
+    def _after_change(self, tracker: ChainTracker, *, flush: bool = True) -> None:
+        for what, n in tracker.drain_counts().items():
+            self.metrics.chain_event(self.backend, what, n)
+        if flush and self.settings.coalesce_window <= 0:
+            self.flush()
+
+    # -- detokenize ----------------------------------------------------------------------------
+
+    def _submit(self, tracker: ChainTracker, jobs: list[Job]) -> None:
+        for job in jobs:
+            try:
+                self._jobs.put_nowait((tracker, job))
+            except asyncio.QueueFull:
+                self.metrics.detok(self.backend, "queue_full")
+                tracker.resolve(job, Resolution(Outcome.FAILED))
+
+    async def _detokenize_worker(self) -> None:
+        assert self.resolver is not None
+        while True:
+            tracker, job = await self._jobs.get()
+            if tracker.materialize(job):
+                resolution = await self.resolver.resolve(job)
+                job.tokens = None
+            else:
+                resolution = Resolution(Outcome.FAILED)
+            follow = tracker.resolve(job, resolution)
+            self._submit(tracker, follow)
+            self._after_change(tracker)
+
+    @property
+    def jobs_waiting(self) -> int:
+        return self._jobs.qsize()
+
+    # -- output ----------------------------------------------------------------------------------
+
+    def flush(self) -> list[KvEvent]:
+        events = [self._emit(c.type, c.prefix, c.tier, c.token_count) for c in self.book.flush()]
+        if events and log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "source %s: %d events, last %s", self.backend, len(events), short_hash(events[-1].prefix_hash or "")
+            )
+        self.metrics.tracked_blocks.labels(self.backend).set(sum(len(t.blocks) for t in self.trackers.values()))
+        self.metrics.retained_tokens.labels(self.backend).set(sum(t.retained_tokens for t in self.trackers.values()))
+        self.metrics.prefixes.labels(self.backend).set(len(self.book))
+        return events
+
+    def snapshot(self) -> list[KvEvent]:
+        """The announced state as appearance events stamped with the current (epoch, seq)."""
+        seq, epoch = self.sequencer.seq, self.sequencer.epoch
+        return [
+            KvEvent(self.backend, epoch, seq, time.time(), c.type, c.prefix.hex(), c.token_count, c.tier)
+            for c in self.book.snapshot()
+        ]
+
+    def want_resync(self) -> None:
+        """The publisher lost events of this backend: restate everything in a new epoch."""
+        self._resync_wanted = True
+
+    def resync(self, room: int) -> bool:
+        """New epoch, `cleared`, then the announced state (when it fits in `room` events)."""
+        if not self._resync_wanted:
+            return False
+        self._resync_wanted = False
+        state = self.book.snapshot()
+        epoch = self.sequencer.new_epoch()
+        self.metrics.epoch(self.backend, "resync")
+        log.warning("source %s: resync in epoch %d (%d prefixes)", self.backend, epoch, len(state))
+        self._emit(EventType.CLEARED, None, Tier.GPU_HOT, 0)
+        if len(state) < room:
+            for change in state:
+                self._emit(change.type, change.prefix, change.tier, change.token_count)
+        else:  # restating would overflow again: announce keys afresh as they change
+            self.book.forget_announced()
+        return True
+
+    @property
+    def resync_wanted(self) -> bool:
+        return self._resync_wanted
+
+    async def run(self) -> None:
+        """Flush timer and detokenize workers; runs until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            if self.resolver is not None:
+                for _ in range(self.settings.detokenize_concurrency):
+                    tg.create_task(self._detokenize_worker())
+            window = self.settings.coalesce_window
+            while True:
+                await asyncio.sleep(window if window > 0 else 1.0)
+                self.flush()

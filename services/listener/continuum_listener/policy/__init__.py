@@ -1,0 +1,1 @@
+"""Pure decisions over in-memory state: chain tracking, prefix depths, sequence checks."""
