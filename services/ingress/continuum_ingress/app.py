@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route, Router
 
-from continuum_common.config import RouterConfig
+from continuum_common.config import RouterConfig, load_router_config
 from continuum_common.config.secrets import read_secret
 from continuum_ingress.adapters.dialects import UpstreamDialect, default_dialects
 from continuum_ingress.adapters.forward import Forwarder
@@ -37,6 +37,7 @@ from continuum_ingress.asgi import Receive, Scope, Send
 from continuum_ingress.config import ConfigHolder
 from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
 from continuum_ingress.errors import RequestError
+from continuum_ingress.gemini.wiring import build_gemini
 from continuum_ingress.hooks import BodyRewriter, Component, ResponseCacheHook
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
@@ -63,6 +64,7 @@ class IngressApp:
         components: Sequence[Component] = (),
         dialects: Mapping[str, UpstreamDialect] | None = None,
         extra_admin_routes: Sequence[BaseRoute] = (),
+        bus_url: str | None = None,
         reload_interval: float = 1.0,
         health_tick: float = 0.1,
         rng: random.Random | None = None,
@@ -70,13 +72,17 @@ class IngressApp:
     ) -> None:
         self.pool = BackendPool()
         self.clients = ClientSet()
-        self.dialects = dict(dialects or default_dialects())
-        factory = SnapshotFactory(self.pool, self.clients, self.dialects, rng)
         self.metrics = IngressMetrics(self.pool)
-        # Raises ConfigError (with every problem) on a bad file or an unreadable secret.
-        self.holder = ConfigHolder(config, factory.build)
+        # Raises ConfigError (with every problem) on a bad file.
+        initial = config if isinstance(config, RouterConfig) else load_router_config(config)
+        # Gemini (issue 8): its dialect, the context cache rewriter/component, admin routes.
+        self.gemini = build_gemini(initial, self.metrics.registry, bus_url=bus_url)
+        self.dialects = dict(dialects or {**default_dialects(), "gemini": self.gemini.dialect})
+        factory = SnapshotFactory(self.pool, self.clients, self.dialects, rng)
+        # Raises ConfigError on an unreadable secret.
+        self.holder = ConfigHolder(config, factory.build, initial)
         self.holder.on_reload.append(self.metrics.reload)
-        self.components = tuple(components)
+        self.components = (*self.gemini.components, *components)
         for component in self.components:
             self.holder.on_config.append(component.reload)
         self.reload_interval = reload_interval
@@ -90,10 +96,12 @@ class IngressApp:
             secret = read_secret(salt.secret_env, salt.secret_file, what="kv_cache_index.salt_echo.secret")
             assert secret is not None  # the schema requires a source when enabled
             builtin.append(SaltEcho(secret.encode(), self.metrics))
-        self.forwarder = Forwarder(self.pipeline, self.metrics, self.dialects, [*builtin, *rewriters], clock)
+        self.forwarder = Forwarder(
+            self.pipeline, self.metrics, self.dialects, [*builtin, *self.gemini.rewriters, *rewriters], clock
+        )
         self.health = HealthChecker(self.holder, self.pool, clock, tick=health_tick)
         self.ready = False
-        self.fastapi = self._build_fastapi(extra_admin_routes)
+        self.fastapi = self._build_fastapi([*self.gemini.admin_routes, *extra_admin_routes])
         # The forwarding endpoints are dispatched before the framework's middleware stack (a
         # dict lookup instead of ~10 middleware layers per request); everything else - admin,
         # models, health, metrics, 404/405 bodies, lifespan - goes through FastAPI.

@@ -54,10 +54,11 @@ def restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:
 
 
 class ConfigHolder:
-    def __init__(self, source: str | Path | RouterConfig, build: Builder) -> None:
+    def __init__(self, source: str | Path | RouterConfig, build: Builder, initial: RouterConfig | None = None) -> None:
+        """`initial`: the configuration already loaded from `source` (not read again)."""
         self._build = build
         self.path: Path | None = None if isinstance(source, RouterConfig) else Path(source)
-        cfg = source if isinstance(source, RouterConfig) else load_router_config(source)
+        cfg = initial or (source if isinstance(source, RouterConfig) else load_router_config(source))
         self._signature = _file_signature(self.path) if self.path else None
         self._generation = 1
         self.current: RouterSnapshot = build(cfg, self._generation)

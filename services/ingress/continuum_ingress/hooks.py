@@ -4,6 +4,8 @@
 * `Component`: start / reload / aclose with the app's lifespan and configuration.
 * `BodyRewriter`: per-attempt body rewrites that depend on the chosen backend (salt echo and
   Anthropic cache_control are built in; Gemini context caching, issue 8, adds its own).
+* `RejectionHandler`: a body rewriter that may resend once to the same backend after a 4xx
+  caused by its own rewrite (a Gemini cache reference that expired: resend without it).
 * The KV scorer (issue 7) is `policy.scorer.BackendScorer`.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from continuum_common.config import Backend, RouterConfig
@@ -100,3 +102,16 @@ class BodyRewriter(Protocol):
         """Return a new body for this attempt, or None to leave it as is. Must not mutate
         `body` (a retry on another backend starts again from the client's body)."""
         ...
+
+
+@runtime_checkable
+class RejectionHandler(Protocol):
+    """Implemented by body rewriters whose rewrite a backend can reject (Gemini: a cachedContents
+    reference that expired or was deleted). On a 4xx answer the forwarder asks `wants_body`; when
+    one handler wants it, the (small, bounded) error body is read and `retry_body` may return a
+    body to send once more to the same backend, in the same attempt. Otherwise the 4xx goes to
+    the client unchanged."""
+
+    def wants_body(self, state: RequestState, backend: Backend, status: int) -> bool: ...
+
+    def retry_body(self, state: RequestState, backend: Backend, status: int, body: bytes) -> dict[str, Any] | None: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from continuum_common.ring import RouteLabel
 from continuum_ingress.adapters.dialects import ClientHeaders
@@ -34,6 +35,9 @@ class RequestState:
     # Tier 2: "hit" | "miss" | "bypass" (the X-Cache header), None when no cache ran.
     cache_status: str | None = None
     cache_headers: Sequence[tuple[str, str]] = ()
+    # Per-request notes of components, by component name (the Gemini context cache keeps its
+    # decision for the attempt here, for the dialect and the stale-reference resend).
+    extras: dict[str, Any] = field(default_factory=dict)
 
     def headers(self) -> dict[str, str]:
         """The request headers as a lower-case-name mapping (built on demand; the last value of

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import orjson
 
 from continuum_ingress.protocol.apis import Api
+
+if TYPE_CHECKING:
+    from continuum_common.config import Backend
+    from continuum_ingress.adapters.upstream import UpstreamClient
+    from continuum_ingress.state import RequestState
 
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 
@@ -59,6 +64,27 @@ class UpstreamDialect(Protocol):
         ...
 
     def translator(self, api: Api, stream: bool) -> ResponseTranslator | None: ...
+
+
+class DialectAttempt(Protocol):
+    """One attempt's upstream call, prepared by an `AttemptDialect` for a request and a backend.
+    `target` is the full request target (path and query)."""
+
+    @property
+    def target(self) -> str: ...
+
+    def headers(self, api: Api, backend_key: str | None, client: ClientHeaders) -> list[tuple[str, str]]: ...
+    def encode(self, api: Api, body: dict[str, Any] | None, raw: bytes) -> bytes: ...
+    def translator(self, api: Api, stream: bool) -> ResponseTranslator | None: ...
+
+
+@runtime_checkable
+class AttemptDialect(UpstreamDialect, Protocol):
+    """A dialect whose target, body or translation depend on the request and the backend (Gemini
+    native: the model and the stream flag are in the URL; usage is accounted per backend). The
+    forwarder calls `bind` once per attempt, after the body rewriters ran, instead of `path`."""
+
+    def bind(self, state: RequestState, backend: Backend, client: UpstreamClient) -> DialectAttempt: ...
 
 
 def _base_headers(client: ClientHeaders) -> list[tuple[str, str]]:

@@ -22,12 +22,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from continuum_common.config import Backend
-from continuum_ingress.adapters.dialects import ResponseTranslator, UpstreamDialect
+from continuum_ingress.adapters.dialects import (
+    AttemptDialect,
+    DialectAttempt,
+    ResponseTranslator,
+    UpstreamDialect,
+)
 from continuum_ingress.adapters.h1 import ConnectFailed, Disconnected, ReadTimeout, Response, UpstreamError
 from continuum_ingress.adapters.upstream import UpstreamClient
 from continuum_ingress.asgi import Channel
 from continuum_ingress.errors import NoBackend, RequestError
-from continuum_ingress.hooks import BodyRewriter, CacheLookup, ResponseRecorder
+from continuum_ingress.hooks import BodyRewriter, CacheLookup, RejectionHandler, ResponseRecorder
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.pool import BackendState
@@ -88,6 +93,9 @@ class Forwarder:
         self.metrics = metrics
         self.dialects = dialects
         self.rewriters = tuple(rewriters)
+        self.rejection_handlers = tuple(r for r in self.rewriters if isinstance(r, RejectionHandler))
+        # Dialects that prepare each attempt themselves (checked once here, not per request).
+        self.binders = {t: d for t, d in dialects.items() if isinstance(d, AttemptDialect)}
         self.clock = clock
 
     async def forward(
@@ -132,16 +140,21 @@ class Forwarder:
         lookup: CacheLookup,
     ) -> None:
         spec = snapshot.backends[backend.name]
-        dialect = self.dialects[spec.type]
         client: UpstreamClient = snapshot.clients[spec.name]
-        content = dialect.encode(state.api, await self._body(state, snapshot, spec), state.raw)
-        target = client.target(dialect.path(state.api))
+        body = await self._body(state, snapshot, spec)
+        dialect, target = self._prepare(state, spec, client)
+        content = dialect.encode(state.api, body, state.raw)
         headers = dialect.headers(state.api, snapshot.api_keys.get(spec.name), state.client)
         start = self.clock()
         backend.begin(start)
         try:
             response = await self._send(client, target, headers, content, backend)
             try:
+                preread: bytes | None = None
+                if self.rejection_handlers and 400 <= response.status < 500:
+                    response, preread = await self._reconsider(
+                        state, spec, backend, response, dialect=dialect, client=client, target=target, headers=headers
+                    )
                 if response.status >= 500:
                     await self._server_error(response, backend)
                 backend.record_success(self.clock() - start)
@@ -164,6 +177,7 @@ class Forwarder:
                         channel=channel,
                         translator=translator,
                         recorder=recorder,
+                        data=preread,
                     )
             finally:
                 await response.aclose()
@@ -174,6 +188,43 @@ class Forwarder:
             raise
         finally:
             backend.finish()
+
+    def _prepare(
+        self, state: RequestState, spec: Backend, client: UpstreamClient
+    ) -> tuple[UpstreamDialect | DialectAttempt, str]:
+        """The dialect object for this attempt and the request target."""
+        binder = self.binders.get(spec.type)
+        if binder is not None:
+            attempt = binder.bind(state, spec, client)
+            return attempt, attempt.target
+        dialect = self.dialects[spec.type]
+        return dialect, client.target(dialect.path(state.api))
+
+    async def _reconsider(
+        self,
+        state: RequestState,
+        spec: Backend,
+        backend: BackendState,
+        response: Response,
+        *,
+        dialect: UpstreamDialect | DialectAttempt,
+        client: UpstreamClient,
+        target: str,
+        headers: list[tuple[str, str]],
+    ) -> tuple[Response, bytes | None]:
+        """A 4xx: let a rejection handler (the rewriter that caused it) resend once to the same
+        backend. Returns the response to serve and, when its body was already read, the body."""
+        handlers = [h for h in self.rejection_handlers if h.wants_body(state, spec, response.status)]
+        if not handlers:
+            return response, None
+        data = await self._read(response, backend)
+        for handler in handlers:
+            body = handler.retry_body(state, spec, response.status, data[:MAX_ERROR_BODY])
+            if body is not None:
+                await response.aclose()
+                content = dialect.encode(state.api, body, state.raw)
+                return await self._send(client, target, headers, content, backend), None
+        return response, data
 
     async def _send(
         self, client: UpstreamClient, target: str, headers: list[tuple[str, str]], content: bytes, backend: BackendState
@@ -226,18 +277,9 @@ class Forwarder:
         except UpstreamError:
             pass
 
-    async def _whole(
-        self,
-        state: RequestState,
-        *,
-        backend: BackendState,
-        response: Response,
-        channel: Channel,
-        translator: ResponseTranslator | None,
-        recorder: ResponseRecorder | None,
-    ) -> None:
+    async def _read(self, response: Response, backend: BackendState) -> bytes:
         try:
-            data = await response.read()
+            return await response.read()
         except ReadTimeout:
             backend.record_failure(self.clock())
             self.metrics.backend(backend.name, "timeout")
@@ -250,6 +292,20 @@ class Forwarder:
             raise RequestError(
                 502, f"Backend '{backend.name}' broke off its answer ({exc}).", kind="bad_gateway", code="backend_error"
             ) from None
+
+    async def _whole(
+        self,
+        state: RequestState,
+        *,
+        backend: BackendState,
+        response: Response,
+        channel: Channel,
+        translator: ResponseTranslator | None,
+        recorder: ResponseRecorder | None,
+        data: bytes | None = None,
+    ) -> None:
+        if data is None:
+            data = await self._read(response, backend)
         if translator is not None:
             data = translator.body(data)
         status = response.status

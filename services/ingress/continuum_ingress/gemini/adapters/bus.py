@@ -1,0 +1,209 @@
+"""The ingress's NATS client of the gemini-cache service (continuum_common.gemini_protocol).
+
+* `lookup`: request/reply with the configured short timeout; a timeout, "no responders", a
+  closed connection or a malformed reply is `None` (the caller treats it as a miss), counted by
+  reason.
+* `ensure`, `drop`, `usage`: fire-and-forget publishes through one bounded queue drained by one
+  task, so the request path never waits on the bus; a full queue is a counted drop.
+* `stats`, `clear`: admin request/reply (ADMIN_TIMEOUT_S).
+
+The connection is opened in `start()`; when NATS is not reachable then, the ingress starts
+anyway (every lookup is a miss) and a background task keeps trying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+
+from continuum_common.bus import connect
+from continuum_common.config.router import Bus
+from continuum_common.gemini_protocol import (
+    ADMIN_TIMEOUT_S,
+    SUBJECT_ADMIN_CLEAR,
+    SUBJECT_ADMIN_STATS,
+    SUBJECT_LOOKUP,
+    ClearReply,
+    GeminiProtocolError,
+    LookupReply,
+    LookupRequest,
+    decode_stats,
+)
+from continuum_ingress.gemini.errors import GeminiIngressError
+from continuum_ingress.gemini.metrics import GeminiMetrics
+
+log = logging.getLogger(__name__)
+
+PUBLISH_QUEUE = 4096
+RECONNECT_INTERVAL_S = 2.0
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+CLIENT_NAME = "continuum-ingress-gemini"
+
+
+class ServiceUnavailable(GeminiIngressError):
+    """The gemini-cache service did not answer an admin request."""
+
+
+class GeminiBus:
+    def __init__(
+        self,
+        cfg: Bus,
+        metrics: GeminiMetrics,
+        *,
+        url: str | None = None,
+        lookup_timeout_s: float,
+        connector: Callable[..., Any] = connect,
+    ) -> None:
+        self._cfg = cfg
+        self._url = url
+        self._metrics = metrics
+        self._lookup_timeout = lookup_timeout_s
+        self._connector = connector
+        self._nc: NatsClient | None = None
+        self._queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(PUBLISH_QUEUE)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    @property
+    def max_payload(self) -> int:
+        return self._nc.max_payload if self._nc is not None else DEFAULT_MAX_PAYLOAD
+
+    async def start(self) -> None:
+        if not await self._try_connect():
+            self._tasks.append(asyncio.create_task(self._connect_loop(), name="gemini-bus-connect"))
+        self._tasks.append(asyncio.create_task(self._publisher(), name="gemini-bus-publish"))
+
+    async def _try_connect(self) -> bool:
+        try:
+            self._nc = await self._connector(self._cfg, name=CLIENT_NAME, url=self._url)
+        except Exception as exc:  # unreachable, refused, auth: the ingress serves on without the cache
+            log.warning("gemini-cache bus not reachable (%s); requests go uncached until it is", type(exc).__name__)
+            return False
+        log.info("gemini-cache bus connected")
+        return True
+
+    async def _connect_loop(self) -> None:
+        while self._nc is None:
+            await asyncio.sleep(RECONNECT_INTERVAL_S)
+            await self._try_connect()
+
+    async def aclose(self) -> None:
+        await self.flush_pending()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._nc is not None:
+            try:
+                await asyncio.wait_for(self._nc.drain(), 2)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    await self._nc.close()
+            self._nc = None
+
+    # ------------------------------------------------------------------ lookups
+
+    async def lookup(self, request: LookupRequest) -> LookupReply | None:
+        nc = self._nc
+        if nc is None or not nc.is_connected:
+            self._metrics.lookup_failure("not_connected")
+            return None
+        try:
+            with self._metrics.lookup_seconds.time():
+                msg = await nc.request(SUBJECT_LOOKUP, request.to_bytes(), timeout=self._lookup_timeout)
+            return LookupReply.from_bytes(msg.data)
+        except TimeoutError:
+            self._metrics.lookup_failure("timeout")
+        except nats.errors.NoRespondersError:
+            self._metrics.lookup_failure("no_responders")
+        except GeminiProtocolError:
+            self._metrics.lookup_failure("bad_reply")
+        except Exception as exc:  # closed or draining connection, slow consumer...
+            self._metrics.lookup_failure("error")
+            log.debug("gemini-cache lookup failed: %s", type(exc).__name__)
+        return None
+
+    # ------------------------------------------------------------------ publishes
+
+    def publish(self, subject: str, data: bytes, kind: str) -> bool:
+        """Queue a publish; False (and a counted drop) when it cannot go out."""
+        if self._nc is None:
+            self._metrics.dropped(kind, "not_connected")
+            return False
+        if len(data) > self.max_payload:
+            self._metrics.dropped(kind, "too_large")
+            return False
+        try:
+            self._queue.put_nowait((subject, data))
+        except asyncio.QueueFull:
+            self._metrics.dropped(kind, "queue_full")
+            return False
+        return True
+
+    async def _publisher(self) -> None:
+        while True:
+            subject, data = await self._queue.get()
+            await self._send(subject, data)
+
+    async def _send(self, subject: str, data: bytes) -> None:
+        nc = self._nc
+        try:
+            if nc is None:
+                raise ConnectionError("not connected")
+            await nc.publish(subject, data)
+        except Exception as exc:
+            self._metrics.dropped(subject.rsplit(".", 1)[-1], "publish_failed")
+            log.debug("gemini-cache publish failed: %s", type(exc).__name__)
+
+    async def flush_pending(self) -> None:
+        """Send what is queued now and flush the connection (before an admin request, and at
+        shutdown, so this replica's latest usage counts are in the answer)."""
+        while not self._queue.empty():
+            subject, data = self._queue.get_nowait()
+            await self._send(subject, data)
+        if self._nc is not None and self._nc.is_connected:
+            with contextlib.suppress(Exception):
+                await self._nc.flush(timeout=2)
+
+    # ------------------------------------------------------------------ admin
+
+    async def _admin(self, subject: str) -> bytes:
+        nc = self._nc
+        if nc is None or not nc.is_connected:
+            raise ServiceUnavailable("the ingress is not connected to the bus")
+        try:
+            msg = await nc.request(subject, b"{}", timeout=ADMIN_TIMEOUT_S)
+        except TimeoutError:
+            raise ServiceUnavailable("the gemini-cache service did not answer in time") from None
+        except nats.errors.NoRespondersError:
+            raise ServiceUnavailable("no gemini-cache service is running") from None
+        except Exception as exc:
+            raise ServiceUnavailable(f"the bus request failed ({type(exc).__name__})") from None
+        data: bytes = msg.data
+        return data
+
+    async def stats(self) -> dict[str, Any]:
+        await self.flush_pending()
+        data = await self._admin(SUBJECT_ADMIN_STATS)
+        try:
+            return decode_stats(data)
+        except GeminiProtocolError:
+            raise ServiceUnavailable("the gemini-cache service sent an unreadable answer") from None
+
+    async def clear(self) -> ClearReply:
+        data = await self._admin(SUBJECT_ADMIN_CLEAR)
+        try:
+            return ClearReply.from_bytes(data)
+        except GeminiProtocolError:
+            raise ServiceUnavailable("the gemini-cache service sent an unreadable answer") from None

@@ -1,0 +1,51 @@
+"""Server-sent events split into whole events, whatever the TCP chunking (Gemini separates events
+with CRLF CRLF, OpenAI-style servers with LF LF)."""
+
+from __future__ import annotations
+
+import re
+
+_SEPARATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_LINE = re.compile(rb"\r\n|\n|\r")
+# One event larger than this is not a sane answer (bounded buffer).
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+
+class EventTooLarge(ValueError):
+    """An SSE event grew past MAX_EVENT_BYTES without ending."""
+
+
+class SseSplitter:
+    """Feed bytes, get complete events (without their separator); a partial event waits."""
+
+    __slots__ = ("_buffer", "_limit")
+
+    def __init__(self, limit: int = MAX_EVENT_BYTES) -> None:
+        self._buffer = b""
+        self._limit = limit
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer + data if self._buffer else data
+        events: list[bytes] = []
+        start = 0
+        for match in _SEPARATOR.finditer(buffer):
+            events.append(buffer[start : match.start()])
+            start = match.end()
+        self._buffer = buffer[start:]
+        if len(self._buffer) > self._limit:
+            self._buffer = b""
+            raise EventTooLarge(f"an SSE event exceeded {self._limit} bytes")
+        return events
+
+    def rest(self) -> bytes:
+        """What is left when the stream ends (an event without its final blank line)."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The `data:` payload of one event (multi-line data joined with LF), None without one."""
+    lines = [line for line in _LINE.split(event) if line.startswith(b"data:")]
+    if not lines:
+        return None
+    return b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:] for line in lines)
