@@ -54,16 +54,22 @@ class UpContext:
     fleet: SimFleet | None = None
 
 
+def _always(ctx: UpContext) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class Service:
     name: str
     # Runs the service until the context exits; yields a one-line description (e.g. its URL).
     run: Callable[[UpContext], AbstractAsyncContextManager[str]]
+    # Whether the configuration asks for this service at all (skipped, not even listed, if not).
+    wanted: Callable[[UpContext], bool] = _always
 
 
 @contextlib.asynccontextmanager
 async def _ingress(ctx: UpContext) -> AsyncIterator[str]:
-    app = IngressApp(ctx.config_path)
+    app = IngressApp(ctx.config_path, bus_url=ctx.nats_url)
     server_cfg = ctx.config.server
     host = ctx.host or server_cfg.host
     port = server_cfg.port if ctx.port is None else ctx.port
@@ -76,8 +82,29 @@ async def _ingress(ctx: UpContext) -> AsyncIterator[str]:
         yield server.url
 
 
-# The services `up` runs, in start order. Issues 6/7/8 add: listener, indexer, gemini-cache.
-SERVICES: list[Service] = [Service("ingress", _ingress)]
+def _gemini_wanted(ctx: UpContext) -> bool:
+    return ctx.config.gemini_context_cache.enabled
+
+
+@contextlib.asynccontextmanager
+async def _gemini_cache(ctx: UpContext) -> AsyncIterator[str]:
+    """The gemini-cache service in this process: memory state, or Redis when configured."""
+    from continuum_gemini_cache.app import GeminiCacheApp
+
+    app = GeminiCacheApp(ctx.config, source=str(ctx.config_path), nats_url=ctx.nats_url)
+    await app.start()
+    try:
+        yield f"{len(app.settings.backends)} gemini backend(s), state: {app.store.kind}"
+    finally:
+        await app.stop()
+
+
+# The services `up` runs, in start order (gemini-cache before the ingress, so the ingress's
+# first lookups find it). Issues 6/7 add: listener, indexer.
+SERVICES: list[Service] = [
+    Service("gemini-cache", _gemini_cache, _gemini_wanted),
+    Service("ingress", _ingress),
+]
 
 
 @contextlib.asynccontextmanager
@@ -146,6 +173,8 @@ async def up(
         ctx = UpContext(path, config, nats_url, state_dir, host, port, fleet)
         described: dict[str, str] = {}
         for service in SERVICES:
+            if not service.wanted(ctx):
+                continue
             described[service.name] = await stack.enter_async_context(service.run(ctx))
             log.info("%s: %s", service.name, described[service.name])
         url = described["ingress"]
