@@ -7,8 +7,9 @@
   task, so the request path never waits on the bus; a full queue is a counted drop.
 * `stats`, `clear`: admin request/reply (ADMIN_TIMEOUT_S).
 
-The connection is opened in `start()`; when NATS is not reachable then, the ingress starts
-anyway (every lookup is a miss) and a background task keeps trying.
+The connection is opened in `start()` (bounded by `bus.connect_timeout_ms`); when NATS is not
+reachable then, the ingress starts anyway (every lookup is a miss) and a background task keeps
+trying every RECONNECT_INTERVAL_S.
 """
 
 from __future__ import annotations
@@ -83,8 +84,10 @@ class GeminiBus:
         self._tasks.append(asyncio.create_task(self._publisher(), name="gemini-bus-publish"))
 
     async def _try_connect(self) -> bool:
+        # nats-py retries an initial connect forever with max_reconnect_attempts=-1: bound it.
+        timeout = self._cfg.connect_timeout_ms / 1000
         try:
-            self._nc = await self._connector(self._cfg, name=CLIENT_NAME, url=self._url)
+            self._nc = await asyncio.wait_for(self._connector(self._cfg, name=CLIENT_NAME, url=self._url), timeout)
         except Exception as exc:  # unreachable, refused, auth: the ingress serves on without the cache
             log.warning("gemini-cache bus not reachable (%s); requests go uncached until it is", type(exc).__name__)
             return False
