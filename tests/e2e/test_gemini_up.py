@@ -1,0 +1,62 @@
+"""`continuum-router up` with `gemini_context_cache.enabled`: the embedded nats-server, the
+gemini-cache service (memory state) and the ingress in one process, the fake Gemini API behind."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from continuum_common.config import load_router_config
+from continuum_common.testing.fake_gemini import FakeGemini, Op
+from continuum_common.testing.gemini_cache import API_KEY, KEY_ENV, MODEL, system_prompt, wait_for
+from continuum_ingress.up import SERVICES, UpContext, up
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv(KEY_ENV, API_KEY)
+    yield
+
+
+def _write(path: Path, fake_url: str, enabled: bool) -> Path:
+    data = {
+        "server": {"port": 0},
+        "backends": [{"name": "gem-a", "url": fake_url, "type": "gemini", "models": [MODEL], "api_key_env": KEY_ENV}],
+        "gemini_context_cache": {"enabled": enabled, "lookup_memo_ms": 0},
+        "bus": {"data_dir": str(path.parent / "nats")},
+    }
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+async def test_up_runs_the_gemini_cache_service_when_enabled(tmp_path: Path) -> None:
+    async with FakeGemini(api_keys={API_KEY}) as fake:
+        path = _write(tmp_path / "router.yaml", fake.url, enabled=True)
+        stop = asyncio.Event()
+        ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(up(str(path), stop=stop, on_ready=ready.set_result, state_dir=tmp_path / "state"))
+        try:
+            url = await asyncio.wait_for(asyncio.shield(ready), 30)
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
+            messages = [{"role": "system", "content": system_prompt(11)}, {"role": "user", "content": "hi"}]
+            await client.chat.completions.create(model=MODEL, messages=messages)
+            await wait_for(lambda: fake.count(Op.CREATE, status=200) == 1)
+            again = await client.chat.completions.create(model=MODEL, messages=messages)
+            await client.close()
+            assert again.usage is not None and again.usage.prompt_tokens_details is not None
+            assert again.usage.prompt_tokens_details.cached_tokens > 0
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+
+def test_up_starts_gemini_cache_only_when_enabled(tmp_path: Path) -> None:
+    for enabled, expected in ((False, ["ingress"]), (True, ["gemini-cache", "ingress"])):
+        path = _write(tmp_path / f"{enabled}.yaml", "http://127.0.0.1:9", enabled)
+        ctx = UpContext(path, load_router_config(path), "nats://127.0.0.1:4222", tmp_path)
+        assert [s.name for s in SERVICES if s.wanted(ctx)] == expected
