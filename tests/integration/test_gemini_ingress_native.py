@@ -239,3 +239,54 @@ async def test_enabled_without_a_reachable_bus_still_serves() -> None:
                 metrics = (await http.get("/metrics")).text
         assert stats.status_code == 503 and stats.json()["success"] is False
         assert 'continuum_ingress_gemini_context_cache_requests_total{backend="gem-a",result="miss"} 1.0' in metrics
+
+
+async def test_responses_api_is_converted_to_native_gemini() -> None:
+    """Google's compat API has no /responses: the ingress converts (default compat mode too)."""
+    async with FakeGemini(api_keys={API_KEY}) as fake:
+        config = stack_config(fake.url, "nats://127.0.0.1:1", enabled=False)
+        async with running_ingress(config) as ingress:
+            client = openai.AsyncOpenAI(base_url=f"{ingress.url}/v1", api_key="k", max_retries=0)
+            fake.implicit_cached_tokens = 3
+            response = await client.responses.create(
+                model=MODEL, instructions="Be brief.", input="Hello", max_output_tokens=50, temperature=0
+            )
+            (call,) = fake.calls_for(Op.GENERATE)
+            assert call.body == {
+                "contents": [{"role": "user", "parts": [{"text": "Hello"}]}],
+                "systemInstruction": {"parts": [{"text": "Be brief."}]},
+                "generationConfig": {"temperature": 0, "maxOutputTokens": 50},
+            }
+            assert response.status == "completed" and response.output_text == fake.reply_text
+            assert response.usage is not None and response.usage.input_tokens_details.cached_tokens == 3
+
+            fake.reply_function_call = {"name": "get_weather", "args": {"city": "Rome"}}
+            tool = {"type": "function", **WEATHER_TOOL["function"]}
+            called = await client.responses.create(model=MODEL, input="Weather in Rome?", tools=[tool])  # type: ignore[list-item]
+            (item,) = called.output
+            assert item.type == "function_call" and item.name == "get_weather"
+            assert json.loads(item.arguments) == {"city": "Rome"}
+            fake.reply_function_call = None
+            follow = await client.responses.create(
+                model=MODEL,
+                input=[
+                    {"role": "user", "content": "Weather in Rome?"},
+                    {"type": "function_call", "call_id": item.call_id, "name": item.name, "arguments": item.arguments},
+                    {"type": "function_call_output", "call_id": item.call_id, "output": '{"temp": 25}'},
+                ],
+                tools=[tool],  # type: ignore[list-item]
+            )
+            contents = fake.calls_for(Op.GENERATE)[-1].body["contents"]
+            assert contents[2]["parts"] == [{"functionResponse": {"name": "get_weather", "response": {"temp": 25}}}]
+            assert follow.output_text == fake.reply_text
+
+            stream = await client.responses.create(model=MODEL, input="Stream it", stream=True)
+            events = [e async for e in stream]
+            await client.close()
+        kinds = [e.type for e in events]
+        assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert text == fake.reply_text
+        done = events[-1].response
+        assert done.output_text == fake.reply_text and done.usage.input_tokens_details.cached_tokens == 3

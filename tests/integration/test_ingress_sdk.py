@@ -132,7 +132,9 @@ async def test_gemini_backends_use_the_openai_compatible_path(monkeypatch: pytes
                 model="gemini-2.5-flash", messages=[{"role": "user", "content": "hi"}]
             )
             assert chat.choices[0].message.content == "hello from gem"
-            with pytest.raises(openai.NotFoundError):  # Gemini's compat API has no /responses here
+            # /v1/responses goes to the native API (converted; docs/gemini-ingress.md), which
+            # this OpenAI-style stub does not serve.
+            with pytest.raises(openai.NotFoundError):
                 await client.responses.create(model="gemini-2.5-flash", input="hi")
     sent = stubs[0].stub.requests[0]
     assert sent.path == "/v1beta/openai/chat/completions"

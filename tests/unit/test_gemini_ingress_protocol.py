@@ -25,6 +25,7 @@ from continuum_ingress.gemini.protocol.response import (
     responses_usage,
     to_chat_completion,
 )
+from continuum_ingress.gemini.protocol.responses import ResponsesStreamConverter, responses_to_chat, to_response
 from continuum_ingress.gemini.protocol.sse import EventTooLarge, SseSplitter, event_data
 from continuum_ingress.gemini.protocol.stream import ChatStreamConverter
 
@@ -488,3 +489,138 @@ def test_lookup_memo() -> None:
     disabled = LookupMemo(0.0)
     disabled.put(("b", "1"), hit)
     assert disabled.get(("b", "1")) is None
+
+
+# --------------------------------------------------------------------------- Responses API
+
+
+def test_responses_request_conversion() -> None:
+    body = {
+        "model": MODEL,
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "developer", "content": "Use metric units."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+            {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"c": "Rome"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "reasoning", "summary": []},
+        ],
+        "max_output_tokens": 99,
+        "tools": [{"type": "function", "name": "w", "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "function", "name": "w"},
+        "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+        "reasoning": {"effort": "low"},
+    }
+    out = to_generate_content(responses_to_chat(body))
+    assert out["systemInstruction"] == {"parts": [{"text": "Be brief."}, {"text": "Use metric units."}]}
+    assert out["contents"] == [
+        {"role": "user", "parts": [{"text": "Weather?"}]},
+        {"role": "model", "parts": [{"functionCall": {"name": "w", "args": {"c": "Rome"}}}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "w", "response": {"content": "sunny"}}}]},
+    ]
+    assert out["tools"] == [{"functionDeclarations": [{"name": "w", "parametersJsonSchema": {"type": "object"}}]}]
+    assert out["toolConfig"] == {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["w"]}}
+    assert out["generationConfig"] == {
+        "maxOutputTokens": 99,
+        "responseMimeType": "application/json",
+        "responseJsonSchema": {"type": "object"},
+        "thinkingConfig": {"thinkingBudget": 1024},
+    }
+    for bad, param in (
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]"),
+    ):
+        with pytest.raises(ConversionError) as err:
+            responses_to_chat({"model": MODEL, "input": "x", **bad})
+        assert err.value.param == param
+
+
+def test_responses_answer_conversion() -> None:
+    request = {"model": MODEL, "input": "x", "max_output_tokens": 5}
+    gemini = {
+        "candidates": [
+            {
+                "content": {"parts": [{"text": "Partial"}, {"functionCall": {"name": "f", "args": {"a": 1}}}]},
+                "finishReason": "MAX_TOKENS",
+            }
+        ],
+        "usageMetadata": {
+            "promptTokenCount": 10,
+            "candidatesTokenCount": 5,
+            "totalTokenCount": 15,
+            "cachedContentTokenCount": 8,
+        },
+        "responseId": "r9",
+    }
+    out = to_response(gemini, request=request, created=5, fallback_id="f")
+    assert out["id"] == "resp_r9" and out["status"] == "incomplete"
+    assert out["incomplete_details"] == {"reason": "max_output_tokens"} and out["max_output_tokens"] == 5
+    assert out["output"] == [
+        {
+            "type": "message",
+            "id": "msg_r9",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Partial", "annotations": []}],
+        },
+        {
+            "type": "function_call",
+            "id": "fc_r9_0",
+            "call_id": "call_r9_0",
+            "name": "f",
+            "arguments": '{"a":1}',
+            "status": "completed",
+        },
+    ]
+    assert out["usage"]["input_tokens_details"] == {"cached_tokens": 8} and out["usage"]["input_tokens"] == 10
+    blocked = to_response({"promptFeedback": {"blockReason": "SAFETY"}}, request=request, created=5, fallback_id="f")
+    assert blocked["status"] == "incomplete" and blocked["incomplete_details"] == {"reason": "content_filter"}
+
+
+def _responses_events(data: bytes, pieces: list[bytes] | None = None) -> list[dict[str, Any]]:
+    converter = ResponsesStreamConverter(request={"model": MODEL, "input": "x"}, created=1, fallback_id="fb")
+    out = b"".join(converter.feed(p) for p in (pieces or [data])) + converter.finish()
+    events = []
+    for event in (e for e in out.split(b"\n\n") if e):
+        kind, payload = event.split(b"\n", 1)
+        parsed = orjson.loads(payload[6:])
+        assert kind == b"event: " + parsed["type"].encode()
+        events.append(parsed)
+    return events
+
+
+def test_responses_stream_conversion() -> None:
+    data = _gemini_stream(Reply(("Hi", " you"), False), Usage(20, 12, 2))
+    events = _responses_events(data)
+    assert [e["type"] for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[6]["text"] == "Hi you"
+    final = events[-1]["response"]
+    assert final["id"] == "resp_rid" and final["status"] == "completed"
+    assert final["output"][0]["content"][0]["text"] == "Hi you"
+    assert final["usage"]["input_tokens_details"] == {"cached_tokens": 12}
+    calls = _responses_events(_gemini_stream(Reply((), False, {"name": "f", "args": {}}), Usage(1, 0, 1)))
+    assert [e["type"] for e in calls][2:6] == [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
+    assert calls[-1]["response"]["output"][0]["name"] == "f"
+    pieces = [data[i : i + 7] for i in range(0, len(data), 7)]
+    assert _responses_events(data, pieces) == events
+    failing = ResponsesStreamConverter(request={"model": MODEL}, created=1, fallback_id="fb")
+    error = failing.feed(sse({"error": {"code": 500, "message": "boom", "status": "INTERNAL"}}))
+    assert b"event: error" in error and b'"message":"boom"' in error and failing.finish() == b""

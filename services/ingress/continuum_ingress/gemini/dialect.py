@@ -5,6 +5,8 @@
   `models/{model}:generateContent` / `:streamGenerateContent?alt=sse` (`x-goog-api-key`), with
   the request and the answer converted (protocol/).
 * Embeddings always use the compat endpoint (`/v1beta/openai/embeddings`).
+* `/v1/responses` always uses the native API (Google's compat API has no Responses endpoint),
+  converted both ways by protocol/responses.py.
 * With the context cache enabled, every chat answer's cached tokens are reported to the cache
   (`usage_sink`): `usageMetadata.cachedContentTokenCount` on the native API, the compat usage's
   `prompt_tokens_details.cached_tokens` (filled in from the cache's size on a hit that does not
@@ -43,6 +45,7 @@ from continuum_ingress.gemini.protocol.response import (
     openai_error,
     to_chat_completion,
 )
+from continuum_ingress.gemini.protocol.responses import ResponsesStreamConverter, responses_to_chat, to_response
 from continuum_ingress.gemini.protocol.stream import ChatStreamConverter
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.state import RequestState
@@ -72,7 +75,7 @@ class GeminiDialect:
 
     # The UpstreamDialect surface (the forwarder binds instead; these describe the compat API).
     def supports(self, api: Api) -> bool:
-        return api in COMPAT_PATHS
+        return api in COMPAT_PATHS or api is Api.RESPONSES
 
     def path(self, api: Api) -> str:
         return COMPAT_PATHS[api]
@@ -88,7 +91,7 @@ class GeminiDialect:
 
     def bind(self, state: RequestState, backend: Backend, client: UpstreamClient) -> DialectAttempt:
         decision = decision_for(state, backend.name) if self.usage is not None else None
-        if state.api is Api.CHAT and self.native:
+        if (state.api is Api.CHAT and self.native) or state.api is Api.RESPONSES:
             return NativeAttempt(native_target(client.url, state.model, state.stream), state, backend.name, self.usage)
         target = client.target(COMPAT_PATHS[state.api])
         if state.api is Api.CHAT and self.usage is not None:
@@ -173,11 +176,18 @@ class NativeAttempt:
         return out
 
     def encode(self, api: Api, body: dict[str, Any] | None, raw: bytes) -> bytes:
-        return orjson.dumps(to_generate_content(body if body is not None else self.state.request.body))
+        request = body if body is not None else self.state.request.body
+        if api is Api.RESPONSES:
+            request = responses_to_chat(request)
+        return orjson.dumps(to_generate_content(request))
 
     def translator(self, api: Api, stream: bool) -> ResponseTranslator | None:
         created = int(time.time())
         fallback = os.urandom(12).hex()
+        if api is Api.RESPONSES:
+            return ResponsesTranslator(
+                self.state.request.body, created, fallback, backend=self.backend, usage=self.usage, stream=stream
+            )
         if not stream:
             return NativeBodyTranslator(self.state.model, created, fallback, self.backend, self.usage)
         options = self.state.request.body.get("stream_options")
@@ -242,6 +252,49 @@ class NativeStreamTranslator:
         return self.converter.feed(data)
 
     def end(self) -> bytes:
+        out = self.converter.finish()
+        if self.usage is not None:
+            self.usage.cached_tokens(self.backend, cached_tokens(self.converter.usage))
+        return out
+
+
+class ResponsesTranslator:
+    """`/v1/responses` answers: a `response` object, or the Responses event stream."""
+
+    def __init__(
+        self,
+        request: dict[str, Any],
+        created: int,
+        fallback_id: str,
+        *,
+        backend: str,
+        usage: UsageSink | None,
+        stream: bool,
+    ) -> None:
+        self.request = request
+        self.created = created
+        self.fallback_id = fallback_id
+        self.backend = backend
+        self.usage = usage
+        self.converter = (
+            ResponsesStreamConverter(request=request, created=created, fallback_id=fallback_id) if stream else None
+        )
+
+    def body(self, data: bytes) -> bytes:
+        error = error_body(data)
+        if error is not None or self.converter is not None:
+            return error or data
+        obj = orjson.loads(data)
+        if self.usage is not None:
+            self.usage.cached_tokens(self.backend, cached_tokens(obj.get("usageMetadata")))
+        return orjson.dumps(to_response(obj, request=self.request, created=self.created, fallback_id=self.fallback_id))
+
+    def chunk(self, data: bytes) -> bytes:
+        return self.converter.feed(data) if self.converter is not None else data
+
+    def end(self) -> bytes:
+        if self.converter is None:
+            return b""
         out = self.converter.finish()
         if self.usage is not None:
             self.usage.cached_tokens(self.backend, cached_tokens(self.converter.usage))

@@ -4,7 +4,7 @@
 
 | enabled | prefer_native_api | gemini dialect                 | rewriters, components, metrics |
 |---------|-------------------|--------------------------------|--------------------------------|
-| false   | false             | compat pass-through (built-in) | none                           |
+| false   | false             | compat pass-through            | none                           |
 | false   | true              | native conversion              | none                           |
 | true    | either            | native or compat + accounting  | the context cache (NATS)       |
 
@@ -25,7 +25,7 @@ from continuum_ingress.adapters.dialects import UpstreamDialect
 from continuum_ingress.gemini.adapters.bus import GeminiBus
 from continuum_ingress.gemini.admin import admin_routes
 from continuum_ingress.gemini.context_cache import GeminiContextCache
-from continuum_ingress.gemini.dialect import GeminiDialect, compat_dialect
+from continuum_ingress.gemini.dialect import GeminiDialect
 from continuum_ingress.gemini.metrics import GeminiMetrics
 from continuum_ingress.hooks import BodyRewriter, Component
 
@@ -43,9 +43,7 @@ def build_gemini(config: RouterConfig, registry: CollectorRegistry, *, bus_url: 
     """`bus_url` overrides `bus.url` (continuum-router up passes its embedded nats-server)."""
     section = config.gemini_context_cache
     if not section.enabled:
-        dialect: UpstreamDialect = (
-            GeminiDialect(native=True, usage=None) if section.prefer_native_api else compat_dialect()
-        )
+        dialect = GeminiDialect(native=section.prefer_native_api, usage=None)
         return GeminiParts(dialect, (), (), admin_routes(None), None)
     metrics = GeminiMetrics(registry)
     bus = GeminiBus(config.bus, metrics, url=bus_url, lookup_timeout_s=section.lookup_timeout_ms / 1000)
