@@ -9,7 +9,7 @@ tokens (`completion_tokens_details.reasoning_tokens`), as OpenAI counts reasonin
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -46,7 +46,7 @@ def _int(meta: Mapping[str, Any], key: str) -> int:
 
 def cached_tokens(meta: Any) -> int:
     """`usageMetadata.cachedContentTokenCount`, 0 when absent."""
-    return _int(meta, "cachedContentTokenCount") if isinstance(meta, Mapping) else 0
+    return _int(meta, "cachedContentTokenCount") if isinstance(meta, dict) else 0
 
 
 def openai_usage(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,11 +85,11 @@ def split_parts(parts: Any) -> tuple[str, list[Mapping[str, Any]]]:
     out of the answer."""
     texts: list[str] = []
     calls: list[Mapping[str, Any]] = []
-    if isinstance(parts, Sequence):
+    if isinstance(parts, list):
         for part in parts:
-            if not isinstance(part, Mapping):
+            if not isinstance(part, dict):
                 continue
-            if isinstance(part.get("functionCall"), Mapping):
+            if isinstance(part.get("functionCall"), dict):
                 calls.append(part)
             elif isinstance(part.get("text"), str) and part.get("thought") is not True:
                 texts.append(part["text"])
@@ -112,7 +112,7 @@ def tool_call(part: Mapping[str, Any], call_id: str) -> dict[str, Any]:
 
 
 def _logprobs(result: Any) -> dict[str, Any] | None:
-    if not isinstance(result, Mapping):
+    if not isinstance(result, dict):
         return None
     chosen = result.get("chosenCandidates") or []
     tops = result.get("topCandidates") or []
@@ -125,7 +125,7 @@ def _logprobs(result: Any) -> dict[str, Any] | None:
             "bytes": list(token.encode()),
             "top_logprobs": [],
         }
-        if i < len(tops) and isinstance(tops[i], Mapping):
+        if i < len(tops) and isinstance(tops[i], dict):
             for top in tops[i].get("candidates") or []:
                 text = str(top.get("token", ""))
                 entry["top_logprobs"].append(
@@ -137,7 +137,7 @@ def _logprobs(result: Any) -> dict[str, Any] | None:
 
 def _choice(candidate: Mapping[str, Any], index: int, id_prefix: str) -> dict[str, Any]:
     content = candidate.get("content")
-    text, calls = split_parts(content.get("parts") if isinstance(content, Mapping) else None)
+    text, calls = split_parts(content.get("parts") if isinstance(content, dict) else None)
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if calls:
         message["tool_calls"] = [tool_call(p, f"call_{id_prefix}_{index}_{n}") for n, p in enumerate(calls)]
@@ -172,7 +172,7 @@ def to_chat_completion(response: Mapping[str, Any], *, model: str, created: int,
         "created": created,
         "model": model,
         "choices": choices,
-        "usage": openai_usage(meta if isinstance(meta, Mapping) else {}),
+        "usage": openai_usage(meta if isinstance(meta, dict) else {}),
     }
 
 
@@ -181,8 +181,8 @@ def google_error_fields(body: Any) -> tuple[int | None, str, str]:
     a one-element list, as some Google front ends send it)."""
     if isinstance(body, list) and len(body) == 1:
         body = body[0]
-    err = body.get("error") if isinstance(body, Mapping) else None
-    if not isinstance(err, Mapping):
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
         return None, "", ""
     code = err.get("code")
     status = err.get("status")
@@ -207,6 +207,4 @@ def openai_error(code: int | None, status: str, message: str) -> dict[str, Any]:
 
 
 def is_google_error(body: Any) -> bool:
-    return google_error_fields(body)[0] is not None or (
-        isinstance(body, Mapping) and isinstance(body.get("error"), Mapping)
-    )
+    return google_error_fields(body)[0] is not None or (isinstance(body, dict) and isinstance(body.get("error"), dict))

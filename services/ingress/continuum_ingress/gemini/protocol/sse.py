@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-_SEPARATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+# "\r\n\r\n" first: at the same position it is the longer match ("\n\n" cannot start there).
+_SEPARATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
 _LINE = re.compile(rb"\r\n|\n|\r")
 # One event larger than this is not a sane answer (bounded buffer).
 MAX_EVENT_BYTES = 16 * 1024 * 1024
@@ -28,9 +29,17 @@ class SseSplitter:
         buffer = self._buffer + data if self._buffer else data
         events: list[bytes] = []
         start = 0
-        for match in _SEPARATOR.finditer(buffer):
-            events.append(buffer[start : match.start()])
-            start = match.end()
+        while True:
+            # Three memchr-speed scans beat one regex alternation tried at every position.
+            end, width = -1, 0
+            for separator in _SEPARATORS:
+                at = buffer.find(separator, start)
+                if at >= 0 and (end < 0 or at < end):
+                    end, width = at, len(separator)
+            if end < 0:
+                break
+            events.append(buffer[start:end])
+            start = end + width
         self._buffer = buffer[start:]
         if len(self._buffer) > self._limit:
             self._buffer = b""
@@ -45,6 +54,8 @@ class SseSplitter:
 
 def event_data(event: bytes) -> bytes | None:
     """The `data:` payload of one event (multi-line data joined with LF), None without one."""
+    if event.startswith(b"data: ") and b"\n" not in event and b"\r" not in event:
+        return event[6:]  # the usual one-line event
     lines = [line for line in _LINE.split(event) if line.startswith(b"data:")]
     if not lines:
         return None

@@ -106,16 +106,16 @@ class ChatStreamConverter:
         if not self._id_fixed and isinstance(obj.get("responseId"), str) and obj["responseId"]:
             self.id = f"chatcmpl-{obj['responseId']}"
         self._id_fixed = True
-        if isinstance(obj.get("usageMetadata"), Mapping):
+        if isinstance(obj.get("usageMetadata"), dict):
             self.usage = obj["usageMetadata"]
         candidates = obj.get("candidates")
         if not isinstance(candidates, list) or not candidates:
             feedback = obj.get("promptFeedback")
-            if isinstance(feedback, Mapping) and feedback.get("blockReason") and 0 not in self._finished:
+            if isinstance(feedback, dict) and feedback.get("blockReason") and 0 not in self._finished:
                 self._finished.add(0)
                 return self._role(0) + frame(self._chunk([self._delta(0, {}, "content_filter")]))
             return b""
-        return b"".join(self._candidate(c, i) for i, c in enumerate(candidates) if isinstance(c, Mapping))
+        return b"".join(self._candidate(c, i) for i, c in enumerate(candidates) if isinstance(c, dict))
 
     def _delta(self, index: int, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -131,7 +131,7 @@ class ChatStreamConverter:
         if index in self._finished:
             return b""
         content = candidate.get("content")
-        text, calls = split_parts(content.get("parts") if isinstance(content, Mapping) else None)
+        text, calls = split_parts(content.get("parts") if isinstance(content, dict) else None)
         out = [self._role(index)]
         delta: dict[str, Any] = {}
         if text:
