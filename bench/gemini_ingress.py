@@ -51,7 +51,11 @@ def _micro(name: str, fn: Callable[[], object], n: int) -> None:
 
 def conversions(n: int) -> None:
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 20} for i in range(10)]
-    chat = {"model": MODEL, "messages": [{"role": "system", "content": system_prompt(0)}, *turns], "temperature": 0.3}
+    chat: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system_prompt(0)}, *turns],
+        "temperature": 0.3,
+    }
     reply = Reply(tuple(f" word{i}" for i in range(40)), False)
     usage = Usage(5000, 4000, 60)
     answer = generate_response(reply, usage, MODEL, "rid")
@@ -66,7 +70,6 @@ def conversions(n: int) -> None:
             converter.feed(event)
         converter.finish()
 
-    system = chat["messages"][0]["content"]
     memo = LookupMemo(60.0)
     hit = LookupReply(LookupResult.HIT, cached_content="cachedContents/x", expire_at=time.time() + 600)
 
@@ -80,7 +83,6 @@ def conversions(n: int) -> None:
         assert reply is not None and reply.cached_content is not None
         orjson.dumps(with_cached_content(chat, reply.cached_content))
 
-    assert system
     print("conversions (one process, pure Python):")
     _micro("context-cache decision, memo hit (20 KB system)", decide_hit, n)
     _micro("chat -> generateContent (20 KB system, 10 turns)", lambda: orjson.dumps(to_generate_content(chat)), n)

@@ -284,7 +284,12 @@ class ResponsesTranslator:
         error = error_body(data)
         if error is not None or self.converter is not None:
             return error or data
-        obj = orjson.loads(data)
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            return orjson.dumps(openai_error(None, "", "The Gemini API sent an unreadable answer."))
         if self.usage is not None:
             self.usage.cached_tokens(self.backend, cached_tokens(obj.get("usageMetadata")))
         return orjson.dumps(to_response(obj, request=self.request, created=self.created, fallback_id=self.fallback_id))
