@@ -98,6 +98,11 @@ class GeminiStack:
     async def wait_creates(self, n: int, *, status: int | None = 200) -> None:
         await wait_for(lambda: self.fake.count(Op.CREATE, status=status) >= n)
 
+    async def wait_stored(self, entries: int = 1, negative: int = 0) -> None:
+        """Until the service has recorded what Google answered (the fake's answer is seen a
+        moment before the service stores it)."""
+        await self.until(lambda s: s["entries"] == entries and s["negative_entries"] == negative)
+
 
 @contextlib.asynccontextmanager
 async def gemini_stack(

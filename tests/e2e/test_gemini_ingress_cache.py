@@ -67,6 +67,7 @@ async def test_first_request_goes_uncached_then_the_next_uses_the_cache(stack: S
         assert call.op is Op.OPENAI_CHAT and call.body["messages"][0]["role"] == "system"
         assert _compat_ref(call) is None
         await s.wait_creates(1)  # one create, in the background
+        await s.wait_stored(1)
         (cache,) = s.fake.live_caches().values()
 
         second = await s.chat(system, "And again?")
@@ -104,6 +105,7 @@ async def test_a_rejected_create_is_not_retried_during_the_negative_ttl(stack: S
         system = system_prompt(3)
         await s.chat(system)
         await s.wait_creates(1, status=400)
+        await s.wait_stored(0, negative=1)
         for i in range(3):
             await s.chat(system, f"retry {i}")
         await asyncio.sleep(0.2)
@@ -134,6 +136,7 @@ async def test_extend_on_hit_sends_one_patch(stack: StackFactory) -> None:
         system = system_prompt(4)
         await s.chat(system)
         await s.wait_creates(1)
+        await s.wait_stored(1)
         s.clock.advance(50)  # 10 s of 60 left: within the last 20 %
         for i in range(3):
             assert _cached(await s.chat(system, f"hit {i}")) > 0
@@ -147,6 +150,7 @@ async def test_a_service_restart_keeps_its_entries(stack: StackFactory) -> None:
         system = system_prompt(5)
         await s.chat(system)
         await s.wait_creates(1)
+        await s.wait_stored(1)
         await s.stop_service()
         await s.start_service()  # a new process state: everything it knows comes from Redis
         cached = 0
@@ -164,6 +168,7 @@ async def test_a_stale_reference_is_resent_without_the_cache(stack: StackFactory
         system = system_prompt(6)
         await s.chat(system)
         await s.wait_creates(1)
+        await s.wait_stored(1)
         s.fake.caches.clear()  # expired or deleted at Google behind the router's back
         answer = await s.chat(system, "still there?")
         assert answer.choices[0].message.content == s.fake.reply_text

@@ -64,6 +64,7 @@ async def test_native_stream_converts_to_openai_chunks_with_cached_tokens(native
     assert all(c.usage is None for c in chunks[:-1])
 
     await s.wait_creates(1)
+    await s.wait_stored(1)
     (cache,) = s.fake.live_caches().values()
     chunks = await _stream(s, system, stream_options={"include_usage": True})
     call = s.upstream_calls()[-1]
@@ -85,6 +86,7 @@ async def test_native_non_stream_hit_reports_cached_tokens(native: GeminiStack) 
     system = system_prompt(8)
     await s.chat(system)
     await s.wait_creates(1)
+    await s.wait_stored(1)
     answer = await s.chat(system, "cached?", max_tokens=3)
     call = s.upstream_calls()[-1]
     assert call.op is Op.GENERATE and call.body["generationConfig"] == {"maxOutputTokens": 3}

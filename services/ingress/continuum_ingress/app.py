@@ -7,7 +7,9 @@
 Seams for other components are constructor arguments: `response_cache` (Tier 2/3 hook),
 `scorer` (Tier 4 BackendScorer), `rewriters` (per-attempt body rewrites), `dialects` (per
 backend-type upstream dialects), `components` (start / reload / aclose with the app) and
-`extra_admin_routes` (mounted under /admin, behind the admin token).
+`extra_admin_routes` (mounted under /admin, behind the admin token). The Gemini dialect and
+context-cache client (docs/gemini-ingress.md) are built here from the configuration
+(`gemini.wiring.build_gemini`); `bus_url` overrides `bus.url` for them (`up`'s embedded NATS).
 """
 
 from __future__ import annotations
