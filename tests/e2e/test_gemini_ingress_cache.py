@@ -88,6 +88,14 @@ async def test_first_request_goes_uncached_then_the_next_uses_the_cache(stack: S
             in (metrics)
         )
 
+        # Clear: the service forgets the entry and DELETEs the resource (storage billing stops).
+        cleared = await s.admin.post("/gemini-context-cache/clear")
+        assert cleared.json() == {"success": True, "cleared_entries": 1, "cleared_negative_entries": 0}
+        await wait_for(lambda: s.fake.count(Op.DELETE, status=200) == 1)
+        assert not s.fake.live_caches()
+        unauthorized = await s.admin.post("/gemini-context-cache/clear", headers={"authorization": "Bearer nope"})
+        assert unauthorized.status_code == 401
+
 
 async def test_fifty_concurrent_first_requests_make_one_create(stack: StackFactory) -> None:
     async with stack() as s:

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from continuum_common.gemini_protocol import LookupReply, LookupResult
+from continuum_common.gemini_protocol import LookupReply, LookupResult, digest_hex
+from continuum_common.hashing import gemini_digest
 from continuum_common.testing.fake_gemini_bodies import Reply, Usage, sse, stream_chunks
 from continuum_ingress.gemini.errors import ConversionError
 from continuum_ingress.gemini.memo import LookupMemo
@@ -451,6 +452,8 @@ def test_eligibility() -> None:
     big = "x" * 2000
     system = {"role": "system", "content": big}
     assert cache_candidate(chat(system, USER), 1024, 1 << 20) == Candidate(big)
+    # The digest the ingress sends is the foundation's Gemini digest of the request.
+    assert digest_hex(MODEL, big) == (gemini_digest(chat(system, USER)) or b"").hex()
     parts = {"role": "developer", "content": [{"type": "text", "text": big}, {"type": "text", "text": "tail"}]}
     assert cache_candidate(chat(parts, USER), 1024, 1 << 20) == Candidate(big + "\ntail")
     cases = [
