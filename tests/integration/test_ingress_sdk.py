@@ -12,6 +12,12 @@ from continuum_ingress.testing.upstream import running_stubs
 SYSTEM = "You are a careful assistant."
 
 
+# Every SDK client is closed explicitly: a client left to the garbage collector closes its
+# sockets at collection and then, from a task scheduled by __del__, aborts their transports,
+# which unregisters whatever socket has reused the file descriptor in the meantime (seen: a
+# simulated engine's listening socket in a later test, which then never accepted again).
+
+
 async def test_openai_sdk_every_endpoint() -> None:
     async with running_stubs("v1") as stubs, running_ingress({"backends": stub_backends(stubs)}) as ing:
         client = openai.AsyncOpenAI(api_key="sk-test", base_url=f"{ing.url}/v1", max_retries=0)
@@ -50,6 +56,7 @@ async def test_openai_sdk_every_endpoint() -> None:
         ]
         # The caller's key reaches a backend that has none of its own.
         assert stubs[0].stub.requests[0].headers["authorization"] == "Bearer sk-test"
+        await client.close()
 
 
 async def test_openai_sdk_sees_provider_shaped_errors() -> None:
@@ -62,6 +69,7 @@ async def test_openai_sdk_sees_provider_shaped_errors() -> None:
             await client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
         assert missing.value.code == "model_not_found"
         assert stubs[0].stub.requests == []
+        await client.close()
 
 
 @pytest.mark.parametrize("backend_type", ["anthropic", "vllm"])
@@ -79,6 +87,7 @@ async def test_anthropic_sdk_native_and_vllm_messages(backend_type: str, monkeyp
             text = "".join([t async for t in st.text_stream])
             final = await st.get_final_message()
         assert text == "hello from claude" and final.stop_reason == "end_turn"
+        await client.close()
         first = stubs[0].stub.requests[0]
         assert first.path == "/v1/messages"
         # SDK >= 2 sends Bearer + 2026-10-21; the version travels on.
@@ -118,6 +127,7 @@ async def test_anthropic_old_sdk_headers_are_accepted() -> None:
         with pytest.raises(anthropic.NotFoundError):
             await client.messages.create(model="other", max_tokens=8, messages=[{"role": "user", "content": "x"}])
         assert len(stubs[0].stub.requests) == 1
+        await client.close()
 
 
 async def test_gemini_backends_use_the_openai_compatible_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,6 +146,7 @@ async def test_gemini_backends_use_the_openai_compatible_path(monkeypatch: pytes
             # this OpenAI-style stub does not serve.
             with pytest.raises(openai.NotFoundError):
                 await client.responses.create(model="gemini-2.5-flash", input="hi")
+            await client.close()
     sent = stubs[0].stub.requests[0]
     assert sent.path == "/v1beta/openai/chat/completions"
     assert sent.headers["authorization"] == "Bearer goog-key"  # the backend's key, not the caller's

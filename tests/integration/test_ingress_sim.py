@@ -71,6 +71,8 @@ async def test_sdks_stream_and_non_stream_through_the_ingress(fleet: SimFleet) -
         async with ac.messages.stream(model=model, max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as st:
             text = "".join([t async for t in st.text_stream])
         assert text
+        await oc.close()
+        await ac.close()
 
 
 async def _cached(oc: openai.AsyncOpenAI, model: str, system: str, user: str) -> tuple[int, str]:
@@ -91,6 +93,7 @@ async def test_tier1_keeps_the_prefix_cache_warm(fleet: SimFleet, strategy: str)
     async with running_ingress(_config(fleet, strategy)) as ing:
         oc = openai.AsyncOpenAI(api_key="unused", base_url=f"{ing.url}/v1", max_retries=0)
         results = [await _cached(oc, model, SYSTEM, f"question {i}") for i in range(6)]
+        await oc.close()  # explicitly: see test_ingress_sdk.py on clients left to the GC
     cached = [c for c, _ in results]
     engines = [e for _, e in results]
     if strategy == "PrefixAwareHash":
@@ -117,6 +120,7 @@ async def test_salt_echo_reaches_the_engine_and_keeps_cache_hits(
     async with running_ingress(cfg) as ing:
         oc = openai.AsyncOpenAI(api_key="unused", base_url=f"{ing.url}/v1", max_retries=0)
         results = [await _cached(oc, model, SYSTEM, f"q{i}") for i in range(3)]
+        await oc.close()
         salts = (await ing_metrics(ing.url)).count("continuum_salt_echo_requests_total 3.0")
     assert [c > 0 for c, _ in results] == [False, True, True]
     assert salts == 1
@@ -136,6 +140,7 @@ async def test_salt_echo_reaches_the_engine_and_keeps_cache_hits(
         max_tokens=2,
         extra_body={"cache_salt": salt},  # type: ignore[arg-type]
     )
+    await direct.close()
     assert unsalted.usage is not None and unsalted.usage.prompt_tokens_details is not None
     assert salted.usage is not None and salted.usage.prompt_tokens_details is not None
     assert unsalted.usage.prompt_tokens_details.cached_tokens == 0
