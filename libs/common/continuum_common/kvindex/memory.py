@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,6 +32,7 @@ from continuum_common.kvindex.types import (
 # after the holdings expired (the Redis meta hash lives this much longer than the sorted set).
 DEFAULT_TOMBSTONE_GRACE_S = 300.0
 _NO_HOLDERS: tuple[KvHolder, ...] = ()
+_SWEEP_SLICE = 4096
 
 
 class _Prefix:
@@ -190,7 +193,7 @@ class InMemoryKvIndex:
             return
         # the seed: reaching max_entries evicts the oldest 10 %
         count = over + max(1, self.max_entries // 10)
-        for prefix_hash in list(self._prefixes)[:count]:
+        for prefix_hash in list(itertools.islice(self._prefixes, count)):
             del self._prefixes[prefix_hash]
         self._evictions += count
 
@@ -203,15 +206,21 @@ class InMemoryKvIndex:
     # ---- administration --------------------------------------------------------------------
 
     async def cleanup_expired(self) -> int:
+        """Sweep expired prefixes, yielding to the event loop every few thousand so a big
+        index never stalls the ingress that embeds it."""
         now = self._clock()
         expired = 0
-        for prefix_hash, entry in list(self._prefixes.items()):
+        for n, (prefix_hash, entry) in enumerate(list(self._prefixes.items()), start=1):
+            if self._prefixes.get(prefix_hash) is not entry:
+                continue  # rewritten while we yielded
             if now >= entry.meta_expire:
                 del self._prefixes[prefix_hash]
                 expired += 1
             elif entry.holders and now >= entry.holders_expire:
                 entry.expire_holdings()
                 expired += 1
+            if n % _SWEEP_SLICE == 0:
+                await asyncio.sleep(0)
         return expired
 
     def _live_counts(self) -> tuple[int, int]:
