@@ -39,7 +39,9 @@ def router_config(
     return parse(RouterConfig, data)
 
 
-def settings(config: RouterConfig, *, batch: int = 500, listen: tuple[str, int] | None = None, **consumer: Any) -> IndexerSettings:
+def settings(
+    config: RouterConfig, *, batch: int = 500, listen: tuple[str, int] | None = None, **consumer: Any
+) -> IndexerSettings:
     return IndexerSettings(
         config=config,
         consumer=ConsumerSettings(batch=batch, max_ack_pending=max(4 * batch, 1000), **consumer),

@@ -33,8 +33,8 @@ def stream(seed: int, count: int = 3000) -> list[KvEvent]:
     return make_stream(random.Random(seed), backends=("a", "b", "c"), prefixes=PREFIXES, count=count)
 
 
-def expected(events: list[KvEvent], policy: TierPolicy = TierPolicy()) -> dict[str, list[KvHolder]]:
-    naive = NaiveIndex(policy)
+def expected(events: list[KvEvent], policy: TierPolicy | None = None) -> dict[str, list[KvHolder]]:
+    naive = NaiveIndex(policy or TierPolicy())
     for event in events:
         naive.apply(event)
     return naive.snapshot(range(PREFIXES))
@@ -129,9 +129,7 @@ async def test_two_replicas_agree_with_one(nats_server: NatsServer, redis_server
 async def test_redis_cluster_backend(nats_server: NatsServer, redis_cluster: RedisClusterServer) -> None:
     policy = TierPolicy(track_tiers=True, evict_as_offload=True)
     events = stream(7, count=2000)
-    config = router_config(
-        nats_server.url, redis_cluster.url, cluster=True, storage_offloading={"enabled": True}
-    )
+    config = router_config(nats_server.url, redis_cluster.url, cluster=True, storage_offloading={"enabled": True})
     async with running(IndexerApp(settings(config, batch=100))):
         await publish(nats_server.url, events[::-1])  # reversed: everything arrives out of order
         await wait_drained(nats_server.url)
