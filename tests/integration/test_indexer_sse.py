@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -89,7 +90,9 @@ def send(*chunks: bytes, hold: float = 0.0) -> Script:
 
 
 @contextlib.asynccontextmanager
-async def source(endpoint: str, interval_ms: int = 20) -> AsyncIterator[tuple[SseSource, InMemoryKvIndex, IndexerMetrics]]:
+async def source(
+    endpoint: str, interval_ms: int = 20
+) -> AsyncIterator[tuple[SseSource, InMemoryKvIndex, IndexerMetrics]]:
     index = InMemoryKvIndex()
     metrics = IndexerMetrics(["a"])
     src = SseSource(
@@ -165,7 +168,7 @@ async def test_reconnect_backoff_doubles_from_the_interval() -> None:
     async with SseServer([], status=503) as server, source(server.url(), interval_ms=40):
         await until(lambda: len(server.requests) >= 5, timeout=10)
     times = [r["at"] for r in server.requests[:5]]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     for gap, want in zip(gaps, (0.04, 0.08, 0.16, 0.32), strict=True):
         assert want * 0.9 <= gap <= want * 3 + 0.1, gaps
 
