@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisError
 
 from continuum_common.config.router import KvCacheIndex
@@ -46,11 +48,16 @@ _COUNTER_FLUSH_S = 1.0
 _EVICT_LOCK_MS = 10_000
 _CHUNK = 500
 _HOLDERS_KEY = re.compile(r"[0-9a-f]{64}")
-_UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# Prefixes per APPLY call: bounds how long one script holds Redis (~0.1 ms per prefix).
+_GROUP = 100
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _packed(prefixes: Iterable[str], touches: Mapping[str, int]) -> str:
+    return ",".join(f"{touches[p]} {p}" for p in prefixes)
 
 
 def _holders(rows: Sequence[tuple[bytes, float]], warm: set[bytes] | None) -> list[KvHolder]:
@@ -79,6 +86,7 @@ class RedisKvIndex:
         owns_client: bool = False,
     ) -> None:
         self._redis = client
+        self._cluster = isinstance(client, RedisCluster)
         self.owns_client = owns_client
         self.keys = KeyLayout(key_prefix)
         self.max_entries = max_entries
@@ -115,7 +123,8 @@ class RedisKvIndex:
                 ("evict", scripts.EVICT),
                 ("lru_forget", scripts.LRU_FORGET),
                 ("watermark", scripts.RAISE_WATERMARK),
-                ("unlock", _UNLOCK),
+                ("zadd", scripts.ZADD_PACKED),
+                ("unlock", scripts.UNLOCK),
             ):
                 # On a cluster SCRIPT LOAD goes to every primary.
                 loaded[name] = _text(await self._redis.script_load(body))
@@ -192,18 +201,32 @@ class RedisKvIndex:
             await self._apply_entries(plan, report)
         return report
 
-    def _records(self, writes: Sequence[EntryWrite], watermarks: Mapping[str, str]) -> list[str | int]:
-        args: list[str | int] = []
-        for w in writes:
-            gpu, warm = w.writes.gpu, w.writes.warm
-            args += [
-                w.backend,
-                w.stamp,
-                watermarks.get(w.backend, ""),
-                "" if gpu is None else gpu,
-                "" if warm is None else warm,
-            ]
-        return args
+    def _groups(self, prefixes: Sequence[str]) -> list[Sequence[str]]:
+        """Prefixes that may share one script call: any, on a single node; on a cluster only
+        those whose keys hash to the same slot."""
+        if not self._cluster:
+            return [prefixes[i : i + _GROUP] for i in range(0, len(prefixes), _GROUP)]
+        by_slot: dict[int, list[str]] = {}
+        for prefix_hash in prefixes:
+            by_slot.setdefault(key_slot(self.keys.holders(prefix_hash).encode()), []).append(prefix_hash)
+        return [group[i : i + _GROUP] for group in by_slot.values() for i in range(0, len(group), _GROUP)]
+
+    def _apply_call(
+        self, pipe: Any, sha: str, group: Sequence[str], touches: Mapping[str, int], blobs: Mapping[str, str]
+    ) -> None:
+        keys = [key for prefix_hash in group for key in self.keys.entry_keys(prefix_hash)]
+        args: list[str | int] = [self.ttl, self.meta_ttl]
+        for prefix_hash in group:
+            args += (touches[prefix_hash], blobs[prefix_hash])
+        pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+
+    @staticmethod
+    def _blob(writes: Sequence[EntryWrite], watermarks: Mapping[str, str]) -> str:
+        return ";".join(
+            f"{w.backend},{w.stamp},{watermarks.get(w.backend, '')},"
+            f"{'' if w.writes.gpu is None else w.writes.gpu},{'' if w.writes.warm is None else w.writes.warm}"
+            for w in writes
+        )
 
     async def _apply_entries(self, plan: BatchPlan, report: ApplyReport) -> None:
         backends = plan.backends()
@@ -212,39 +235,38 @@ class RedisKvIndex:
         order = list(plan.entries)
         first = self._touch(len(order))
         touches = {prefix_hash: first + i for i, prefix_hash in enumerate(order)}
+        blobs = {prefix_hash: self._blob(plan.entries[prefix_hash], used) for prefix_hash in order}
         by_backend: dict[str, list[str]] = {}
         for prefix_hash in order:
             for b in {w.backend for w in plan.entries[prefix_hash]}:
                 by_backend.setdefault(b, []).append(prefix_hash)
+        groups = self._groups(order)
         counters = self._take_counters(force=False)
 
         def build(pipe: Any, shas: dict[str, str]) -> None:
-            for prefix_hash in order:
-                writes = plan.entries[prefix_hash]
-                args = [self.ttl, self.meta_ttl, touches[prefix_hash], len(writes), *self._records(writes, used)]
-                pipe.execute_command("EVALSHA", shas["apply"], 3, *self.keys.entry_keys(prefix_hash), *args)
-            pipe.zadd(self.keys.lru, touches)
+            for group in groups:
+                self._apply_call(pipe, shas["apply"], group, touches, blobs)
             for b, prefixes in by_backend.items():
-                pipe.zadd(self.keys.reverse(b), {p: touches[p] for p in prefixes})
+                pipe.execute_command("EVALSHA", shas["zadd"], 1, self.keys.reverse(b), _packed(prefixes, touches))
             pipe.sadd(self.keys.backends, *backends)
             self._add_counter_commands(pipe, counters)
-            pipe.zcard(self.keys.lru)
+            pipe.execute_command("EVALSHA", shas["zadd"], 1, self.keys.lru, _packed(order, touches))
 
         try:
             results = await self._pipeline(build)
         except KvIndexError:
             self._restore_counters(counters)
             raise
-        for prefix_hash, codes in zip(order, results, strict=False):
-            self._count_codes(plan.entries[prefix_hash], codes, report)
+        for group, codes in zip(groups, results, strict=False):
+            self._count_codes([w for p in group for w in plan.entries[p]], _text(codes), report)
         await self._recheck_watermarks(plan, used, report)
         card = int(results[-1])
         if card > self.max_entries:
             await self._evict(card)
 
-    def _count_codes(self, writes: Sequence[EntryWrite], codes: Sequence[int], report: ApplyReport) -> None:
-        for write, raw in zip(writes, codes, strict=True):
-            code = int(raw)
+    def _count_codes(self, writes: Sequence[EntryWrite], codes: str, report: ApplyReport) -> None:
+        for write, digit in zip(writes, codes, strict=True):
+            code = int(digit)
             pending = self._pending.setdefault(write.backend, Counter())
             if code & _APPLIED:
                 report.applied += 1
@@ -309,28 +331,24 @@ class RedisKvIndex:
                 break
 
     async def _clear_prefixes(self, backend: str, watermark: str, prefixes: Sequence[str], report: ApplyReport) -> None:
+        """Apply the backend's watermark to these prefixes now (APPLY with a no-write record)."""
         if not prefixes:
             return
-        record = [backend, watermark, watermark, "", ""]
+        record = f"{backend},{watermark},{watermark},,"
+        touch = self._touch()
+        touches = dict.fromkeys(prefixes, touch)
+        blobs = dict.fromkeys(prefixes, record)
+        groups = self._groups(prefixes)
 
         def build(pipe: Any, shas: dict[str, str]) -> None:
-            for prefix_hash in prefixes:
-                pipe.execute_command(
-                    "EVALSHA",
-                    shas["apply"],
-                    3,
-                    *self.keys.entry_keys(prefix_hash),
-                    self.ttl,
-                    self.meta_ttl,
-                    self._touch(),
-                    1,
-                    *record,
-                )
+            for group in groups:
+                self._apply_call(pipe, shas["apply"], group, touches, blobs)
 
         for codes in await self._pipeline(build):
-            if int(codes[0]) & _STOPPED:
-                report.evicted[backend] += 1
-                self._pending.setdefault(backend, Counter())["index_evicted"] += 1
+            stopped = sum(1 for digit in _text(codes) if int(digit) & _STOPPED)
+            if stopped:
+                report.evicted[backend] += stopped
+                self._pending.setdefault(backend, Counter())["index_evicted"] += stopped
 
     async def _evict(self, card: int) -> None:
         """Over max_entries: delete the oldest 10 % (plus the overshoot) by last write."""
@@ -343,16 +361,18 @@ class RedisKvIndex:
         except RedisError as exc:
             raise KvIndexError(f"redis: {type(exc).__name__}: {exc}") from exc
         try:
+            scores = {_text(m): int(s) for m, s in oldest}
             evicted = 0
             for start in range(0, len(oldest), _CHUNK):
-                chunk = [(_text(m), int(s)) for m, s in oldest[start : start + _CHUNK]]
+                chunk = list(scores)[start : start + _CHUNK]
+                groups = self._groups(chunk)
 
-                def build(pipe: Any, shas: dict[str, str], chunk: list[tuple[str, int]] = chunk) -> None:
-                    for prefix_hash, score in chunk:
-                        pipe.execute_command("EVALSHA", shas["evict"], 3, *self.keys.entry_keys(prefix_hash), score)
-                    pipe.execute_command(
-                        "EVALSHA", shas["lru_forget"], 1, self.keys.lru, *[x for pair in chunk for x in pair]
-                    )
+                def build(pipe: Any, shas: dict[str, str], chunk: list[str] = chunk, groups: Any = groups) -> None:
+                    for group in groups:
+                        keys = [k for p in group for k in self.keys.entry_keys(p)]
+                        pipe.execute_command("EVALSHA", shas["evict"], len(keys), *keys, *(scores[p] for p in group))
+                    pairs = [x for p in chunk for x in (p, scores[p])]
+                    pipe.execute_command("EVALSHA", shas["lru_forget"], 1, self.keys.lru, *pairs)
 
                 results = await self._pipeline(build)
                 evicted += sum(int(r) for r in results[:-1])
