@@ -24,6 +24,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--listen", default="127.0.0.1:9102", help="host:port for /healthz and /metrics, or off")
     p.add_argument("--durable", default=DEFAULT_DURABLE, help="JetStream durable consumer name (shared by replicas)")
     p.add_argument("--batch", type=int, default=1000, help="messages per fetch (1-10000)")
+    p.add_argument("--concurrency", type=int, default=2, help="batches applied at once (1-16)")
     p.add_argument("--max-ack-pending", type=int, default=8192, help="unacked messages in flight per consumer")
     p.add_argument("--ack-wait", type=float, default=30.0, help="seconds before an unacked message is redelivered")
     p.add_argument("--log-level", default=None)
@@ -41,12 +42,18 @@ def build_settings(args: argparse.Namespace) -> IndexerSettings:
         )
     if not 1 <= args.batch <= 10_000 or args.max_ack_pending < args.batch or args.ack_wait <= 0:
         raise ConfigError("--batch must be 1-10000, --max-ack-pending >= --batch, --ack-wait > 0")
+    if not 1 <= args.concurrency <= 16:
+        raise ConfigError("--concurrency must be 1-16")
     try:
         listen = parse_listen(args.listen)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     consumer = ConsumerSettings(
-        durable=args.durable, batch=args.batch, max_ack_pending=args.max_ack_pending, ack_wait_s=args.ack_wait
+        durable=args.durable,
+        batch=args.batch,
+        concurrency=args.concurrency,
+        max_ack_pending=args.max_ack_pending,
+        ack_wait_s=args.ack_wait,
     )
     return IndexerSettings(config=config, consumer=consumer, nats_url=args.nats_url, listen=listen)
 

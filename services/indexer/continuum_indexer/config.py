@@ -20,11 +20,12 @@ class ConsumerSettings:
 
     durable: str | None = DEFAULT_DURABLE
     batch: int = 1000
+    concurrency: int = 2  # batches applied at once per consumer
     max_ack_pending: int = 8192
     ack_wait_s: float = 30.0
-    # A fetch returns at once when messages are waiting; when idle it waits this long, which
-    # bounds how late an event that arrives into an idle consumer is applied.
-    fetch_timeout_s: float = 0.02
+    # How long one wait for messages lasts when the stream is idle (events are delivered to
+    # the waiting pull request at once; this only paces the stop check).
+    idle_wait_s: float = 0.5
     replay_seconds: float | None = None
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0

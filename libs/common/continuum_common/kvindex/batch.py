@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import NamedTuple
 
 from continuum_common.events import EventType, KvEvent
 from continuum_common.kvindex.entry import FieldWrites, TierPolicy, event_stamp, event_writes
@@ -14,8 +16,7 @@ from continuum_common.kvindex.entry import FieldWrites, TierPolicy, event_stamp,
 MAX_TOKENS = 1 << 40
 
 
-@dataclass(frozen=True, slots=True)
-class EntryWrite:
+class EntryWrite(NamedTuple):
     backend: str
     stamp: str
     writes: FieldWrites
@@ -35,8 +36,10 @@ class BatchPlan:
 
 def plan_batch(events: Sequence[KvEvent], policy: TierPolicy) -> BatchPlan:
     plan = BatchPlan()
-    for event in sorted(events, key=lambda e: (e.source_epoch, e.seq)):
-        stamp = event_stamp(event)
+    entries = plan.entries
+    # stamp order inside a batch only makes the holder-transition counters tidy; the result
+    # does not depend on it
+    for stamp, event in sorted(((event_stamp(e), e) for e in events), key=itemgetter(0)):
         if event.type is EventType.CLEARED:
             if stamp > plan.clears.get(event.backend, ""):
                 plan.clears[event.backend] = stamp
@@ -50,5 +53,5 @@ def plan_batch(events: Sequence[KvEvent], policy: TierPolicy) -> BatchPlan:
                 gpu=min(writes.gpu, MAX_TOKENS) if writes.gpu is not None else None,
                 warm=min(writes.warm, MAX_TOKENS) if writes.warm is not None else None,
             )
-        plan.entries.setdefault(event.prefix_hash, []).append(EntryWrite(event.backend, stamp, writes))
+        entries.setdefault(event.prefix_hash, []).append(EntryWrite(event.backend, stamp, writes))
     return plan

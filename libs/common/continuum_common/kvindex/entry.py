@@ -19,6 +19,7 @@ field stamped at or below the watermark reads as NOT_HELD, and events at or belo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from continuum_common.config.router import KvCacheIndex
 from continuum_common.events import EventType, KvEvent, Tier
@@ -55,9 +56,9 @@ class TierPolicy:
         return cls(cfg.storage_offloading.enabled, cfg.storage_offloading.treat_eviction_as_offload)
 
 
-@dataclass(frozen=True, slots=True)
-class FieldWrites:
-    """New values for the entry's fields; None leaves a field alone."""
+class FieldWrites(NamedTuple):
+    """New values for the entry's fields; None leaves a field alone. (A NamedTuple: one is
+    made per event on the indexer's hot path.)"""
 
     gpu: int | None = None
     warm: int | None = None

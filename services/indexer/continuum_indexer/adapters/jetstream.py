@@ -26,6 +26,7 @@ from nats.js.errors import APIError, BadRequestError, FetchTimeoutError
 
 from continuum_common.events import STREAM_NAME, SUBJECT_WILDCARD, KvEvent
 from continuum_common.kvindex import KvIndexError
+from continuum_indexer.adapters.pull import PullStream
 from continuum_indexer.config import ConsumerSettings
 from continuum_indexer.errors import DroppedEvent
 from continuum_indexer.feed import EventSink
@@ -106,26 +107,41 @@ class JetStreamConsumer:
         if sub is None:
             return
         self._backoff.reset()
+        puller = PullStream(sub, batch=self.settings.batch)
         self.ready.set()
         log.info("consuming %s as %s", STREAM_NAME, self.settings.durable or "an ephemeral consumer")
+        # Up to `concurrency` batches are applied at once, so the next batch is pulled and
+        # decoded while Redis runs the previous one's scripts (order does not matter: see
+        # continuum_common.kvindex.entry).
+        slots = asyncio.Semaphore(self.settings.concurrency)
         try:
-            while not self._stopping:
-                self._set_connected(self.nc.is_connected)
-                try:
-                    msgs = await sub.fetch(self.settings.batch, timeout=self.settings.fetch_timeout_s)
-                except _IDLE_ERRORS:
-                    continue
-                except (nats.errors.Error, APIError, OSError) as exc:
-                    self._set_connected(False)
-                    delay = self._backoff.next()
-                    log.warning("fetch failed (%s); retrying in %.1fs", type(exc).__name__, delay)
-                    await asyncio.sleep(delay)
-                    continue
-                await self.handle(msgs)
+            async with asyncio.TaskGroup() as tg:
+                while not self._stopping:
+                    self._set_connected(self.nc.is_connected)
+                    await slots.acquire()
+                    try:
+                        msgs = await puller.next_batch(self.settings.idle_wait_s)
+                    except (nats.errors.Error, APIError, OSError) as exc:
+                        slots.release()
+                        self._set_connected(False)
+                        delay = self._backoff.next()
+                        log.warning("fetch failed (%s); retrying in %.1fs", type(exc).__name__, delay)
+                        await asyncio.sleep(delay)
+                        continue
+                    if not msgs:
+                        slots.release()
+                        continue
+                    tg.create_task(self._handle_in_slot(msgs, slots))
         finally:
             self._set_connected(False)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _handle_in_slot(self, msgs: list[Msg], slots: asyncio.Semaphore) -> None:
+        try:
+            await self.handle(msgs)
+        finally:
+            slots.release()
 
     def _set_connected(self, connected: bool) -> None:
         if connected and not self.stats.connected and self.ready.is_set() and self.stats.last_event_at is not None:

@@ -214,11 +214,18 @@ class RedisKvIndex:
     def _apply_call(
         self, pipe: Any, sha: str, group: Sequence[str], touches: Mapping[str, int], blobs: Mapping[str, str]
     ) -> None:
-        keys = [key for prefix_hash in group for key in self.keys.entry_keys(prefix_hash)]
-        args: list[str | int] = [self.ttl, self.meta_ttl]
-        for prefix_hash in group:
-            args += (touches[prefix_hash], blobs[prefix_hash])
-        pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+        holders = self.keys.holders
+        pipe.execute_command(
+            "EVALSHA",
+            sha,
+            len(group),
+            *[holders(p) for p in group],
+            self.ttl,
+            self.meta_ttl,
+            1 if self.policy.track_tiers else 0,
+            self.keys.prefix,
+            *[f"{touches[p]}|{blobs[p]}" for p in group],
+        )
 
     @staticmethod
     def _blob(writes: Sequence[EntryWrite], watermarks: Mapping[str, str]) -> str:
@@ -257,29 +264,41 @@ class RedisKvIndex:
         except KvIndexError:
             self._restore_counters(counters)
             raise
-        for group, codes in zip(groups, results, strict=False):
-            self._count_codes([w for p in group for w in plan.entries[p]], _text(codes), report)
+        entries = plan.entries
+        self._count_codes(
+            [w for group in groups for p in group for w in entries[p]],
+            "".join(_text(codes) for codes in results[: len(groups)]),
+            report,
+        )
         await self._recheck_watermarks(plan, used, report)
         card = int(results[-1])
         if card > self.max_entries:
             await self._evict(card)
 
     def _count_codes(self, writes: Sequence[EntryWrite], codes: str, report: ApplyReport) -> None:
+        tally: dict[str, list[int]] = {}  # backend -> [applied, stale, started, stopped]
         for write, digit in zip(writes, codes, strict=True):
-            code = int(digit)
-            pending = self._pending.setdefault(write.backend, Counter())
-            if code & _APPLIED:
-                report.applied += 1
-                pending["applied"] += 1
-            else:
-                report.stale += 1
-                pending["stale"] += 1
+            code = ord(digit) - 48
+            counts = tally.get(write.backend)
+            if counts is None:
+                counts = tally[write.backend] = [0, 0, 0, 0]
+            counts[0 if code & _APPLIED else 1] += 1
             if code & _STARTED:
-                report.created[write.backend] += 1
-                pending["index_created"] += 1
+                counts[2] += 1
             if code & _STOPPED:
-                report.evicted[write.backend] += 1
-                pending["index_evicted"] += 1
+                counts[3] += 1
+        for backend, (applied, stale, started, stopped) in tally.items():
+            pending = self._pending.setdefault(backend, Counter())
+            pending["applied"] += applied
+            pending["stale"] += stale
+            report.applied += applied
+            report.stale += stale
+            if started:
+                pending["index_created"] += started
+                report.created[backend] += started
+            if stopped:
+                pending["index_evicted"] += stopped
+                report.evicted[backend] += stopped
 
     async def _refresh_watermarks(self, backends: Iterable[str]) -> dict[str, str]:
         names = sorted(backends)

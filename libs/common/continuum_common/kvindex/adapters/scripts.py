@@ -11,14 +11,18 @@ joined by `;`): the Redis client spends microseconds per argument, and a batch h
 
 from __future__ import annotations
 
-# KEYS: for each prefix its holders zset, warm set and meta hash (3 keys per prefix)
-# ARGV: ttl_s, meta_ttl_s, then per prefix: touch_us, records
+# KEYS: the holders zset (the contract key) of each prefix. Its warm set and meta hash are
+#       derived here: they carry the holders key as their hash tag, so they are in its slot
+#       by construction (Redis >= 7 checks that a script's undeclared keys share the slot
+#       of its declared ones; fewer declared keys save the client thousands of arguments).
+# ARGV: ttl_s, meta_ttl_s, tiers ('1' when warm copies are tracked), key prefix, then one
+#       string per prefix: touch_us|record;record;...
 #       record = backend,stamp,watermark,gpu,warm  (gpu/warm '' = leave; warm -2 = copy gpu)
 # Returns one string: a digit per record, in order: applied (0/1) + 2 if the backend started
 # holding the prefix, + 4 if it stopped.
 APPLY = """
 local NO_STAMP = string.rep('-', 40)
-local ttl, meta_ttl = ARGV[1], ARGV[2]
+local ttl, meta_ttl, tiers, kp = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4]
 local codes = {}
 local function apply_prefix(K, W, M, touch, blob)
   if redis.call('EXISTS', K) == 0 then
@@ -30,7 +34,7 @@ local function apply_prefix(K, W, M, touch, blob)
         redis.call('HSET', M, f, string.sub(v, 1, 80) .. '-1:-1')
       end
     end
-    redis.call('DEL', W)
+    if tiers and #all > 0 then redis.call('DEL', W) end
   end
   local dirty, any_applied = false, false
   for rec in string.gmatch(blob, '[^;]+') do
@@ -65,15 +69,16 @@ local function apply_prefix(K, W, M, touch, blob)
     if held_before and not held_after then code = code + 4 end
     if applied == 1 or gt ~= gt0 or wt ~= wt0 then
       redis.call('HSET', M, b, gs .. ws .. string.format('%d:%d', gt, wt))
+      -- without tier tracking no warm value is ever written, so W stays empty
       if gt >= 0 then
         redis.call('ZADD', K, gt, b)
-        redis.call('SREM', W, b)
+        if tiers then redis.call('SREM', W, b) end
       elseif wt >= 0 then
         redis.call('ZADD', K, wt, b)
         redis.call('SADD', W, b)
       else
         redis.call('ZREM', K, b)
-        redis.call('SREM', W, b)
+        if tiers then redis.call('SREM', W, b) end
       end
       dirty = true
     end
@@ -84,16 +89,18 @@ local function apply_prefix(K, W, M, touch, blob)
     -- a write refreshes the prefix's TTL and its place in the LRU order
     redis.call('HSET', M, '~t', touch)
     redis.call('EXPIRE', K, ttl)
-    redis.call('EXPIRE', W, ttl)
+    if tiers then redis.call('EXPIRE', W, ttl) end
     redis.call('EXPIRE', M, meta_ttl)
-  elseif dirty then
+  elseif dirty and tiers then
     -- only a clear watermark took effect: keep the TTL the last write gave the prefix
     local pt = redis.call('PTTL', K)
     if pt > 0 then redis.call('PEXPIRE', W, pt) end
   end
 end
-for p = 1, #KEYS / 3 do
-  apply_prefix(KEYS[3 * p - 2], KEYS[3 * p - 1], KEYS[3 * p], ARGV[2 * p + 1], ARGV[2 * p + 2])
+for p = 1, #KEYS do
+  local K = KEYS[p]
+  local touch, blob = string.match(ARGV[p + 4], '^(%d+)|(.*)$')
+  apply_prefix(K, kp .. 'w:{' .. K .. '}', kp .. 'm:{' .. K .. '}', touch, blob)
 end
 return table.concat(codes)
 """
