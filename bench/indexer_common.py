@@ -114,3 +114,15 @@ async def consumer_progress(nc: NatsClient, durable: str = "continuum-indexer") 
     """(acked stream sequence floor, messages still pending or unacked)."""
     info = await nc.jetstream().consumer_info(STREAM_NAME, durable)
     return info.ack_floor.stream_seq if info.ack_floor else 0, (info.num_pending or 0) + (info.num_ack_pending or 0)
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_pid(server: NatsServer | RedisServer) -> int:
+    proc = server._proc  # the harness keeps the child process; the benchmark only reads its pid
+    assert proc is not None
+    return proc.pid

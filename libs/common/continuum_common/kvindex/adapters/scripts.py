@@ -37,10 +37,11 @@ local function apply_prefix(K, W, M, touch, blob)
     if tiers and #all > 0 then redis.call('DEL', W) end
   end
   local dirty, any_applied = false, false
+  local meta = {}  -- backend -> meta value written by this call (one HSET at the end)
   for rec in string.gmatch(blob, '[^;]+') do
     local b, st, wm, gv, wv = string.match(rec, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')
     local gs, ws, gt, wt = NO_STAMP, NO_STAMP, -1, -1
-    local raw = redis.call('HGET', M, b)
+    local raw = meta[b] or redis.call('HGET', M, b)
     if raw then
       gs = string.sub(raw, 1, 40)
       ws = string.sub(raw, 41, 80)
@@ -68,7 +69,7 @@ local function apply_prefix(K, W, M, touch, blob)
     if held_after and not held_before then code = code + 2 end
     if held_before and not held_after then code = code + 4 end
     if applied == 1 or gt ~= gt0 or wt ~= wt0 then
-      redis.call('HSET', M, b, gs .. ws .. string.format('%d:%d', gt, wt))
+      meta[b] = gs .. ws .. string.format('%d:%d', gt, wt)
       -- without tier tracking no warm value is ever written, so W stays empty
       if gt >= 0 then
         redis.call('ZADD', K, gt, b)
@@ -85,9 +86,18 @@ local function apply_prefix(K, W, M, touch, blob)
     if applied == 1 then any_applied = true end
     codes[#codes + 1] = code
   end
+  local fields = {}
+  for b, value in pairs(meta) do
+    fields[#fields + 1] = b
+    fields[#fields + 1] = value
+  end
   if any_applied then
     -- a write refreshes the prefix's TTL and its place in the LRU order
-    redis.call('HSET', M, '~t', touch)
+    fields[#fields + 1] = '~t'
+    fields[#fields + 1] = touch
+  end
+  if #fields > 0 then redis.call('HSET', M, unpack(fields)) end
+  if any_applied then
     redis.call('EXPIRE', K, ttl)
     if tiers then redis.call('EXPIRE', W, ttl) end
     redis.call('EXPIRE', M, meta_ttl)
