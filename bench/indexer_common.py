@@ -72,6 +72,7 @@ async def indexer_process(nats_url: str, redis_url: str, *args: str) -> AsyncIte
             {
                 "bus": {"embedded": False, "url": nats_url},
                 "redis": {"url": redis_url, "pool_size": 8},
+                "prefix_routing": {"enabled": True},
                 "kv_cache_index": {"enabled": True, "backend": "redis", "max_entries": 1_000_000},
             }
         )

@@ -151,7 +151,12 @@ class NatsServer(ManagedProcess):
     async def wait_ready(self) -> None:
         import nats
 
-        nc = await nats.connect(self.url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False)
+        async def quiet(_exc: Exception) -> None:
+            return None  # refusals are expected until the server listens; start() reports failure
+
+        nc = await nats.connect(
+            self.url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False, error_cb=quiet
+        )
         try:
             await nc.jetstream().account_info()
         finally:
