@@ -11,7 +11,7 @@ from continuum_common.events import EventDecodeError, EventType, KvEvent, Tier, 
 
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1), st.floats(allow_nan=False),
-    st.text(max_size=70), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.text(max_size=70), st.lists(st.integers(-9, 9), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(-9, 9), max_size=2),
     st.sampled_from(["created", "cleared", "gpu_hot", "storage_warm", "a" * 64, "a"]),
 )  # fmt: skip
 FIELDS = ("v", "backend", "source_epoch", "seq", "ts", "type", "prefix_hash", "token_count", "tier")
