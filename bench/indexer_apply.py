@@ -33,7 +33,7 @@ async def one_run(events: int, batch: int, concurrency: int) -> tuple[float, dic
     async with servers() as (nats_server, redis_server):
         await publish_all(nats_server.url, stream)
         nc = await nats.connect(nats_server.url)
-        flags = ("--batch", str(batch), "--concurrency", str(concurrency), "--max-ack-pending", str(8 * batch))
+        flags = ("--batch", str(batch), "--concurrency", str(concurrency))
         try:
             async with indexer_process(nats_server.url, redis_server.url, *flags) as proc:
                 pids = {"indexer": proc.pid, "redis": server_pid(redis_server), "nats": server_pid(nats_server)}
@@ -56,8 +56,8 @@ async def one_run(events: int, batch: int, concurrency: int) -> tuple[float, dic
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     rates = []

@@ -19,8 +19,8 @@ class ConsumerSettings:
     replays the stream from `replay_seconds` ago (the embedded memory mode)."""
 
     durable: str | None = DEFAULT_DURABLE
-    batch: int = 1000
-    concurrency: int = 2  # batches applied at once per consumer
+    batch: int = 500
+    concurrency: int = 4  # batches applied at once per consumer (bench/indexer_apply.py)
     max_ack_pending: int = 8192
     ack_wait_s: float = 30.0
     # How long one wait for messages lasts when the stream is idle (events are delivered to
