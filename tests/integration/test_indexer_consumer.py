@@ -195,3 +195,27 @@ async def test_redis_outage_naks_and_recovers(nats_server: NatsServer, fresh_red
     # Redis came back empty (no persistence); every event published during the outage was
     # naked, redelivered and applied
     assert got == expected(events[500:]) and any(got.values())
+
+
+async def test_deleted_consumer_and_stream_are_rebound(nats_server: NatsServer, redis_server: RedisServer) -> None:
+    config = router_config(nats_server.url, redis_server.url)
+    app = IndexerApp(settings(config))
+    async with running(app):
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        try:
+            await js.delete_consumer("CONTINUUM_KV", "continuum-indexer")  # an operator's mistake
+            await asyncio.sleep(0.3)
+            await publish(nats_server.url, [KvEvent("a", 1, 1, 1.0, EventType.CREATED, prefix(0), 8)])
+            await wait_drained(nats_server.url)
+            await js.delete_stream("CONTINUUM_KV")  # and a worse one: the indexer recreates it
+            await asyncio.sleep(0.5)
+            await publish(nats_server.url, [KvEvent("b", 1, 1, 1.0, EventType.CREATED, prefix(1), 9)])
+            await wait_drained(nats_server.url)
+        finally:
+            await nc.close()
+        assert app.index is not None
+        assert await app.index.query_many([prefix(0), prefix(1)]) == {
+            prefix(0): [KvHolder("a", 8, Tier.GPU_HOT)],
+            prefix(1): [KvHolder("b", 9, Tier.GPU_HOT)],
+        }

@@ -12,6 +12,7 @@ import time
 
 from nats.aio.client import Client as NatsClient
 
+from continuum_common.bus import ensure_kv_stream
 from continuum_common.kvindex import KvIndexError, KvIndexWriter
 from continuum_indexer.adapters.jetstream import JetStreamConsumer
 from continuum_indexer.adapters.sse_source import SseSource
@@ -31,7 +32,13 @@ class IndexFeeds:
         self.index = index
         self.metrics = metrics
         self.sink = EventSink(index, metrics)
-        self.consumer = JetStreamConsumer(nc, self.sink, settings.consumer, skip_backends=settings.sse_backends)
+        self.consumer = JetStreamConsumer(
+            nc,
+            self.sink,
+            settings.consumer,
+            skip_backends=settings.sse_backends,
+            prepare=lambda: ensure_kv_stream(nc.jetstream(), settings.config.bus),
+        )
         self.sse_sources = [SseSource(s, self.sink) for s in settings.sse_sources]
         self.index_ok = True
         self.last_maintenance_at: float | None = None

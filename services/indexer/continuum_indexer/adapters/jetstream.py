@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,7 +27,7 @@ from nats.js.errors import APIError, BadRequestError, FetchTimeoutError
 
 from continuum_common.events import STREAM_NAME, SUBJECT_WILDCARD, KvEvent
 from continuum_common.kvindex import KvIndexError
-from continuum_indexer.adapters.pull import PullStream
+from continuum_indexer.adapters.pull import ConsumerGoneError, PullStream
 from continuum_indexer.config import ConsumerSettings
 from continuum_indexer.errors import DroppedEvent
 from continuum_indexer.feed import EventSink
@@ -47,12 +48,15 @@ class JetStreamConsumer:
         settings: ConsumerSettings,
         *,
         skip_backends: frozenset[str] = frozenset(),
+        prepare: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.sink = sink
         self.settings = settings
         self.skip_backends = skip_backends
+        self.prepare = prepare  # run before every bind (the app makes sure the stream exists)
+        self._ever_connected = False
         self.stats = SourceStats(EVENT_BUS_SOURCE, "event_bus")
         self.ready = asyncio.Event()  # set once the consumer is bound
         self._stopping = False
@@ -94,9 +98,28 @@ class JetStreamConsumer:
         raise AssertionError("unreachable")
 
     async def run(self) -> None:
-        sub = None
-        while sub is None and not self._stopping:
+        """Bind (creating the durable if needed), consume until stop(); when the consumer or
+        the stream disappears (deleted by an operator), bind again."""
+        while not self._stopping:
+            sub = await self._bind()
+            if sub is None:
+                return
             try:
+                await self._consume(sub)
+            except ConsumerGoneError as exc:
+                delay = self._backoff.next()
+                log.warning("consumer gone (%s); binding again in %.1fs", exc.description or exc.code, delay)
+                await asyncio.sleep(delay)
+            finally:
+                self._set_connected(False)
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _bind(self) -> Any:
+        while not self._stopping:
+            try:
+                if self.prepare is not None:
+                    await self.prepare()
                 sub = await self._subscribe()
             except (APIError, nats.errors.Error, OSError, *_IDLE_ERRORS) as exc:
                 delay = self._backoff.next()
@@ -104,38 +127,43 @@ class JetStreamConsumer:
                     "cannot bind consumer on %s (%s); retrying in %.1fs", STREAM_NAME, type(exc).__name__, delay
                 )
                 await asyncio.sleep(delay)
-        if sub is None:
-            return
-        self._backoff.reset()
+                continue
+            self._backoff.reset()
+            self.ready.set()
+            log.info("consuming %s as %s", STREAM_NAME, self.settings.durable or "an ephemeral consumer")
+            return sub
+        return None
+
+    async def _consume(self, sub: Any) -> None:
         puller = PullStream(sub, batch=self.settings.batch)
-        self.ready.set()
-        log.info("consuming %s as %s", STREAM_NAME, self.settings.durable or "an ephemeral consumer")
         # Up to `concurrency` batches are applied at once, so the next batch is pulled and
         # decoded while Redis runs the previous one's scripts (order does not matter: see
         # continuum_common.kvindex.entry).
         slots = asyncio.Semaphore(self.settings.concurrency)
-        try:
-            async with asyncio.TaskGroup() as tg:
-                while not self._stopping:
-                    self._set_connected(self.nc.is_connected)
-                    await slots.acquire()
-                    try:
-                        msgs = await puller.next_batch(self.settings.idle_wait_s)
-                    except (nats.errors.Error, APIError, OSError) as exc:
-                        slots.release()
-                        self._set_connected(False)
-                        delay = self._backoff.next()
-                        log.warning("fetch failed (%s); retrying in %.1fs", type(exc).__name__, delay)
-                        await asyncio.sleep(delay)
-                        continue
-                    if not msgs:
-                        slots.release()
-                        continue
-                    tg.create_task(self._handle_in_slot(msgs, slots))
-        finally:
-            self._set_connected(False)
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        gone: ConsumerGoneError | None = None
+        async with asyncio.TaskGroup() as tg:  # waits for the batches in hand before leaving
+            while not self._stopping:
+                self._set_connected(self.nc.is_connected)
+                await slots.acquire()
+                try:
+                    msgs = await puller.next_batch(self.settings.idle_wait_s)
+                except ConsumerGoneError as exc:
+                    slots.release()
+                    gone = exc
+                    break
+                except (nats.errors.Error, APIError, OSError) as exc:
+                    slots.release()
+                    self._set_connected(False)
+                    delay = self._backoff.next()
+                    log.warning("pull failed (%s); retrying in %.1fs", type(exc).__name__, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                if not msgs:
+                    slots.release()
+                    continue
+                tg.create_task(self._handle_in_slot(msgs, slots))
+        if gone is not None:
+            raise gone
 
     async def _handle_in_slot(self, msgs: list[Msg], slots: asyncio.Semaphore) -> None:
         try:
@@ -144,9 +172,10 @@ class JetStreamConsumer:
             slots.release()
 
     def _set_connected(self, connected: bool) -> None:
-        if connected and not self.stats.connected and self.ready.is_set() and self.stats.last_event_at is not None:
+        if connected and not self.stats.connected and self._ever_connected:
             self.stats.reconnect_count += 1
             self.sink.metrics.reconnects.labels(EVENT_BUS_SOURCE).inc()
+        self._ever_connected = self._ever_connected or connected
         self.stats.connected = connected
         self.sink.metrics.connected.labels(EVENT_BUS_SOURCE).set(1 if connected else 0)
 

@@ -22,9 +22,17 @@ from nats.aio.msg import Msg
 from nats.js.errors import APIError
 
 _STATUS = "Status"
-# 404 no messages, 408 request expired, 409 max ack pending / consumer change: the request is over
+_DESCRIPTION = "Description"
+# 404 no messages, 408 request expired, 409 limits / leadership change: the request is over
 _REQUEST_DONE = frozenset({"404", "408", "409"})
 _HEARTBEAT = "100"
+# A request that ends without data sooner than this is not re-sent at once (a deleted
+# consumer or a misbehaving server must not turn the loop into a busy spin).
+_MIN_REQUEST_INTERVAL_S = 0.05
+
+
+class ConsumerGoneError(APIError):
+    """The consumer was deleted (or is no longer a pull consumer): subscribe again."""
 
 
 class PullStream:
@@ -38,6 +46,8 @@ class PullStream:
         self.expires_s = expires_s
         self._outstanding = 0
         self._request_deadline = 0.0
+        self._requested_at = 0.0
+        self._ended_early = False
 
     async def next_batch(self, max_wait_s: float) -> list[Msg]:
         """Up to `batch` delivered messages; waits up to `max_wait_s` when none is there yet
@@ -75,17 +85,27 @@ class PullStream:
         if status is None:
             self._outstanding -= 1
             return True
-        if status in _REQUEST_DONE:
-            self._outstanding = 0
-        elif status != _HEARTBEAT:
-            raise APIError.from_msg(msg)
+        if status == _HEARTBEAT:
+            return False
+        description = (msg.headers.get(_DESCRIPTION, "") if msg.headers else "").lower()
+        if status == "409" and ("deleted" in description or "push based" in description):
+            raise ConsumerGoneError(code=409, description=description)
+        if status not in _REQUEST_DONE:  # e.g. 503: nobody serves the consumer any more
+            raise ConsumerGoneError(code=int(status) if status.isdigit() else None, description=description)
+        self._outstanding = 0
+        self._ended_early = status != "408"
         return False
 
     async def _ensure_request(self) -> None:
         # A request lost with the connection never reports back: its deadline retires it.
-        if self._outstanding > 0 and time.monotonic() < self._request_deadline:
+        now = time.monotonic()
+        if self._outstanding > 0 and now < self._request_deadline:
             return
+        if self._ended_early and now - self._requested_at < _MIN_REQUEST_INTERVAL_S:
+            await asyncio.sleep(_MIN_REQUEST_INTERVAL_S - (now - self._requested_at))
         request = {"batch": self.batch, "expires": int(self.expires_s * 1e9)}
         await self._nc.publish(self._subject, orjson.dumps(request), reply=self._inbox)
+        self._requested_at = time.monotonic()
+        self._ended_early = False
         self._outstanding = self.batch
-        self._request_deadline = time.monotonic() + self.expires_s + 1.0
+        self._request_deadline = self._requested_at + self.expires_s + 1.0
