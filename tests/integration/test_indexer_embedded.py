@@ -107,3 +107,15 @@ async def test_memory_and_redis_agree_on_one_stream(redis_server: RedisServer) -
         assert mem_counters == redis_counters
     finally:
         await redis_index.close()
+
+
+async def test_redis_losing_its_scripts_is_survived(redis_server: RedisServer) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    index = RedisKvIndex(client, owns_client=True)
+    try:
+        await index.apply_batch([KvEvent("a", 1, 1, 1.0, EventType.CREATED, prefix(0), 10)])
+        await client.script_flush()  # what a Redis restart or failover does to the script cache
+        await index.apply_batch([KvEvent("a", 1, 2, 1.0, EventType.UPDATED, prefix(0), 20)])
+        assert await index.query_backends(prefix(0)) == [KvHolder("a", 20, Tier.GPU_HOT)]
+    finally:
+        await index.close()

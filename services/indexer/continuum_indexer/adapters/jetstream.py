@@ -164,6 +164,8 @@ class JetStreamConsumer:
                 tg.create_task(self._handle_in_slot(msgs, slots))
         if gone is not None:
             raise gone
+        for msg in puller.leftovers():
+            await self._settle(msg.nak())
 
     async def _handle_in_slot(self, msgs: list[Msg], slots: asyncio.Semaphore) -> None:
         try:

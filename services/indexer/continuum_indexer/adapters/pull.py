@@ -66,6 +66,17 @@ class PullStream:
         await self._ensure_request()
         return msgs
 
+    def leftovers(self) -> list[Msg]:
+        """Messages delivered but not yet taken (at shutdown: nak them so another replica gets
+        them now rather than after ack_wait)."""
+        left: list[Msg] = []
+        while not self._queue.empty():
+            msg = self._queue.get_nowait()
+            self._took(msg)
+            if not (msg.headers and msg.headers.get(_STATUS)):
+                left.append(msg)
+        return left
+
     def _drain(self) -> list[Msg]:
         msgs: list[Msg] = []
         queue = self._queue
