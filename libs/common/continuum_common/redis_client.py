@@ -26,4 +26,10 @@ def make_redis(cfg: Redis | ResponseCacheRedis) -> RedisClient:
         url = "rediss://" + url[len("redis://") :]
     if isinstance(cfg, Redis) and cfg.cluster:
         return RedisCluster.from_url(url, max_connections=cfg.pool_size, **options)
-    return aioredis.Redis.from_url(url, max_connections=cfg.pool_size, **options)
+    # A blocking pool: when all `pool_size` connections are busy a command waits (up to the
+    # connect timeout) for one instead of failing at once with "Too many connections", which
+    # under a burst would look like an outage to every caller sharing the pool.
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=cfg.pool_size, timeout=cfg.connect_timeout_ms / 1000, **options
+    )
+    return aioredis.Redis.from_pool(pool)

@@ -39,6 +39,15 @@ def _not_implemented(name: str) -> int:
     return 2
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.rest[:1] == ["fleet"]:
+        from bench.fleet import main as fleet_main
+
+        return fleet_main(args.rest[1:])
+    print("usage: continuum-router bench fleet [options]  (see `continuum-router bench fleet --help`)", file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="continuum-router", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,9 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--demo", action="store_true")
     up.set_defaults(func=lambda _a: _not_implemented("up"))
 
-    bench = sub.add_parser("bench", help="benchmarks")
+    bench = sub.add_parser("bench", help="benchmarks (`bench fleet --help`)")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=lambda _a: _not_implemented("bench"))
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 

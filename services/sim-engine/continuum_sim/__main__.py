@@ -1,14 +1,10 @@
-"""`continuum-sim-engine`: a simulated vLLM engine."""
+"""`continuum-sim-engine` / `python -m continuum_sim`."""
 
 from __future__ import annotations
 
 import sys
 
-
-def main() -> int:
-    print("continuum-sim-engine: not implemented yet", file=sys.stderr)
-    return 2
-
+from continuum_sim.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

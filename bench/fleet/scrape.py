@@ -1,0 +1,59 @@
+"""Read the engines' Prometheus /metrics (vLLM names) and take before/after differences."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+WANTED = {
+    "vllm:prefix_cache_queries_total": "queries",
+    "vllm:prefix_cache_hits_total": "hits",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:request_success_total": "requests",
+    "vllm:num_preemptions_total": "preemptions",
+}
+
+
+@dataclass
+class EngineCounters:
+    queries: float = 0.0
+    hits: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    requests: float = 0.0
+    preemptions: float = 0.0
+
+    def minus(self, other: EngineCounters) -> EngineCounters:
+        return EngineCounters(**{k: getattr(self, k) - getattr(other, k) for k in self.__dataclass_fields__})
+
+
+def parse(text: str) -> EngineCounters:
+    """Sum every sample of the wanted counters (over labels such as finished_reason)."""
+    counters = EngineCounters()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            field = WANTED.get(sample.name)
+            if field is not None:
+                setattr(counters, field, getattr(counters, field) + sample.value)
+    return counters
+
+
+async def scrape_all(client: httpx.AsyncClient, urls: list[str]) -> list[EngineCounters]:
+    async def one(url: str) -> EngineCounters:
+        resp = await client.get(url + "/metrics", timeout=10.0)
+        resp.raise_for_status()
+        return parse(resp.text)
+
+    return list(await asyncio.gather(*(one(u) for u in urls)))
+
+
+async def reset_all(client: httpx.AsyncClient, urls: list[str]) -> None:
+    """POST /reset_prefix_cache everywhere, so each run starts cold (the engines must be idle)."""
+    for url in urls:
+        resp = await client.post(url + "/reset_prefix_cache", timeout=10.0)
+        if resp.status_code != 200:
+            raise RuntimeError(f"{url}: reset_prefix_cache answered {resp.status_code}: {resp.text[:200]}")

@@ -1,0 +1,1 @@
+"""I/O adapters: the only modules that import nats, redis and httpx clients."""

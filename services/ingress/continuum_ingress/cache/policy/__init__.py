@@ -1,0 +1,1 @@
+"""Pure decisions of the response cache (eligibility, tenant, semantic partitioning)."""

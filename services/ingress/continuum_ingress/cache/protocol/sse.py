@@ -1,0 +1,178 @@
+"""Recording an upstream SSE stream for the cache, and replaying it.
+
+`StreamRecorder` is fed the backend's bytes chunk by chunk *after* they were forwarded to the
+client: it never holds them back and never changes them (it only keeps a copy). It splits the
+bytes into SSE events (an event ends at a blank line; CRLF, LF and CR line ends are all legal
+per the SSE specification) and keeps each event's raw bytes. The recording is usable only if
+
+* the dialect's terminal event arrived: `data: [DONE]` (OpenAI) or `event: message_stop`
+  (Anthropic), and nothing but blank lines followed it;
+* no error event was seen: a `data:` JSON object with a top-level `error` key (OpenAI) or
+  `event: error` (Anthropic);
+* the whole stream fits `max_bytes` (the recorder drops its copy as soon as it does not);
+* the caller did not `abort()` it (client gone, upstream failure, timeout).
+
+Replay (`CachedResponse.chunks()`) yields the stored events one by one; their concatenation is
+exactly the recorded stream, so the same chunks, ids and usage reach the client.
+Gemini streams have no terminal event (they end when the connection closes), so they are not
+recorded: a stream cut short would be indistinguishable from a complete one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+from typing import Final
+
+import orjson
+
+from continuum_ingress.cache.protocol.entry import CachedResponse, EntryKind, keep_headers
+
+
+class SseDialect(StrEnum):
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+
+# An event ends with two line ends in a row. A lone CR is a line end only when no LF follows,
+# so a buffer ending in CR is not searched to its last byte (its LF may be in the next chunk).
+_EVENT_END: Final = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+_LINE: Final = re.compile(rb"\r\n|\r|\n")
+_ERROR_MARK: Final = b'"error"'
+
+
+def _fields(event: bytes) -> tuple[bytes | None, bytes | None]:
+    """The `event` name and the joined `data` of one raw SSE event."""
+    name: bytes | None = None
+    data: list[bytes] = []
+    for line in _LINE.split(event):
+        if not line or line.startswith(b":"):
+            continue
+        key, _, value = line.partition(b":")
+        if value.startswith(b" "):
+            value = value[1:]
+        if key == b"event":
+            name = value
+        elif key == b"data":
+            data.append(value)
+    return name, (b"\n".join(data) if data else None)
+
+
+def _is_openai_error(data: bytes) -> bool:
+    if _ERROR_MARK not in data:  # cheap pre-check: most chunks never mention it
+        return False
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and "error" in doc
+
+
+class StreamRecorder:
+    def __init__(
+        self,
+        dialect: SseDialect,
+        max_bytes: int,
+        *,
+        status: int = 200,
+        headers: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+    ) -> None:
+        self.dialect = dialect
+        self.max_bytes = max_bytes
+        self._status = status
+        self._headers = keep_headers(headers)
+        self._pending = bytearray()
+        self._scan_from = 0
+        self._events: list[bytes] = []
+        self._size = 0
+        self._terminal = False
+        self.failure: str | None = None
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def complete(self) -> bool:
+        """The terminal event arrived and nothing spoiled the recording."""
+        return self._terminal and self.failure is None
+
+    def abort(self, reason: str = "interrupted") -> None:
+        if self.failure is None:
+            self._fail(reason)
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
+        self._events = []
+        self._pending = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        """Take a copy of `chunk` (already sent on to the client). Never raises."""
+        if self.failure is not None:
+            return
+        self._size += len(chunk)
+        if self._size > self.max_bytes:
+            self._fail("oversized")
+            return
+        self._pending += chunk
+        self._split()
+
+    def _split(self) -> None:
+        buf = self._pending
+        end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
+        start = 0
+        while True:
+            match = _EVENT_END.search(buf, max(start, self._scan_from), end)
+            if match is None:
+                break
+            self._event(bytes(buf[start : match.end()]))
+            if self.failure is not None:
+                return
+            start = match.end()
+            self._scan_from = start
+        if start:
+            del buf[:start]
+        # Resume the next search a few bytes back: a boundary may straddle two chunks.
+        self._scan_from = max(0, len(buf) - 3)
+
+    def _event(self, raw: bytes) -> None:
+        if self._terminal:
+            if raw.strip():
+                self._fail("data after the terminal event")
+            else:
+                self._events[-1] += raw  # stray blank lines: keep them, replay stays identical
+            return
+        self._events.append(raw)
+        name, data = _fields(raw)
+        if self.dialect is SseDialect.OPENAI:
+            if data == b"[DONE]":
+                self._terminal = True
+            elif data is not None and _is_openai_error(data):
+                self._fail("error event")
+        elif name == b"message_stop":
+            self._terminal = True
+        elif name == b"error":
+            self._fail("error event")
+
+    def finish(
+        self, status: int | None = None, headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None
+    ) -> CachedResponse | None:
+        """Call at the end of the upstream body (status/headers override the constructor's).
+        Returns the entry to store, or None."""
+        if status is not None:
+            self._status = status
+        if headers is not None:
+            self._headers = keep_headers(headers)
+        if self.failure is None and self._pending:
+            # Tolerate a final event without its blank line: end of body ends the event.
+            rest, self._pending = bytes(self._pending), bytearray()
+            self._event(rest)
+        if not self.complete:
+            if self.failure is None:
+                self._fail("no terminal event")
+            return None
+        return CachedResponse(
+            EntryKind.STREAM, self._status, self._headers, events=tuple(self._events), created_at=time.time()
+        )

@@ -1,0 +1,1 @@
+"""I/O adapters: ZMQ event publisher, HTTP API, uvicorn server wrapper."""

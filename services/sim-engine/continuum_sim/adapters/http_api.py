@@ -1,0 +1,314 @@
+"""The engine's HTTP API (FastAPI): vLLM's OpenAI-compatible routes plus Anthropic `/v1/messages`.
+
+Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages, /tokenize,
+/detokenize, /reset_prefix_cache; GET /v1/models, /health, /version, /metrics.
+Bad input gets vLLM's error object (`{"error": {message, type, param, code}}`) or, on
+/v1/messages, Anthropic's; the engine keeps serving. A client that disconnects mid-request
+aborts it, which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from starlette.responses import Response, StreamingResponse
+
+from continuum_sim.engine import RequestHandle, SimEngine
+from continuum_sim.errors import Conflict, EngineBusy, InvalidRequest, RequestError, UnsupportedMediaType
+from continuum_sim.policy.request import RequestStatus
+from continuum_sim.protocol import embeddings as emb
+from continuum_sim.protocol import responses as r
+from continuum_sim.protocol.chat_template import render
+from continuum_sim.protocol.requests import (
+    GenerateParams,
+    anthropic_messages,
+    chat_messages,
+    completion_prompt,
+    detokenize_tokens,
+    embedding_request,
+    generate_params,
+    resolve_model,
+    tokenize_request,
+)
+
+log = logging.getLogger(__name__)
+Handler = Callable[[Request], Awaitable[Response]]
+SIM_VERSION = "0.1.0-continuum-sim"
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    if "application/json" not in request.headers.get("content-type", ""):
+        raise UnsupportedMediaType("Unsupported Media Type: Only 'application/json' is allowed")
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object")
+    return body
+
+
+def _guard(handler: Handler, *, anthropic: bool = False) -> Handler:
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            body = r.anthropic_error(exc) if anthropic else r.openai_error(exc)
+            return json_response(body, exc.status)
+
+    return wrapped
+
+
+class EngineApi:
+    def __init__(self, engine: SimEngine, served_models: list[str]) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.served = served_models
+        self.created = r.now()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _submit(self, ids: list[int], params: GenerateParams) -> RequestHandle:
+        return self.engine.submit(ids, max_tokens=params.max_tokens, cache_salt=params.cache_salt, seed=params.seed)
+
+    async def _finish(self, handle: RequestHandle) -> list[int]:
+        try:
+            tokens = await handle.wait()
+        except asyncio.CancelledError:
+            self.engine.abort(handle)
+            raise
+        if not tokens and handle.request.status == RequestStatus.ABORTED:
+            raise EngineBusy("The engine's waiting queue is full; retry later.")
+        return tokens
+
+    def _usage(self, handle: RequestHandle) -> dict[str, Any]:
+        return r.usage(handle.prompt_tokens, len(handle.output_token_ids), handle.cached_tokens)
+
+    def _stream(self, chunks: AsyncIterator[bytes], handle: RequestHandle) -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                if not handle.finished:
+                    self.engine.abort(handle)
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    def _check_ids(self, ids: list[int]) -> list[int]:
+        for token in ids:
+            if not self.tokenizer.is_valid_id(token):
+                raise InvalidRequest(f"Token id {token} is out of vocabulary", param="prompt")
+        return ids
+
+    # -- OpenAI chat / completions ----------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        body = await read_json(request)
+        params = generate_params(body, self.served)
+        messages = chat_messages(body)
+        text = render(
+            messages,
+            add_generation_prompt=body.get("add_generation_prompt", True) is not False,
+            continue_final_message=body.get("continue_final_message") is True,
+        )
+        handle = self._submit(self.tokenizer.encode(text), params)
+        if params.stream:
+            return self._stream(self._chat_events(handle, params), handle)
+        tokens = await self._finish(handle)
+        rid = r.new_id("chatcmpl-")
+        out = r.chat_completion(
+            rid, params.model, self.tokenizer.decode(tokens), handle.finish_reason, self._usage(handle)
+        )
+        return json_response(out)
+
+    async def _chat_events(self, handle: RequestHandle, params: GenerateParams) -> AsyncIterator[bytes]:
+        rid, created, inc = r.new_id("chatcmpl-"), r.now(), params.include_usage
+        sent_role = False
+        async for ids in handle.chunks():
+            if not sent_role:
+                yield r.sse_data(
+                    r.chat_chunk(
+                        rid, params.model, created, {"role": "assistant", "content": ""}, None, include_usage=inc
+                    )
+                )
+                sent_role = True
+            finish = handle.finish_reason if handle.finished else None
+            delta = {"content": self.tokenizer.decode(ids)}
+            yield r.sse_data(r.chat_chunk(rid, params.model, created, delta, finish, include_usage=inc))
+        if not sent_role:
+            yield r.sse_data(r.openai_error(EngineBusy("The engine's waiting queue is full; retry later.")))
+            return
+        if inc:
+            yield r.sse_data(r.usage_chunk(rid, params.model, created, "chat.completion.chunk", self._usage(handle)))
+        yield r.SSE_DONE
+
+    async def completions(self, request: Request) -> Response:
+        body = await read_json(request)
+        params = generate_params(body, self.served)
+        prompt = completion_prompt(body)
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
+        handle = self._submit(ids, params)
+        if params.stream:
+            return self._stream(self._completion_events(handle, params), handle)
+        tokens = await self._finish(handle)
+        rid = r.new_id("cmpl-")
+        out = r.completion(rid, params.model, self.tokenizer.decode(tokens), handle.finish_reason, self._usage(handle))
+        return json_response(out)
+
+    async def _completion_events(self, handle: RequestHandle, params: GenerateParams) -> AsyncIterator[bytes]:
+        rid, created, inc = r.new_id("cmpl-"), r.now(), params.include_usage
+        sent = False
+        async for ids in handle.chunks():
+            sent = True
+            finish = handle.finish_reason if handle.finished else None
+            yield r.sse_data(
+                r.completion_chunk(rid, params.model, created, self.tokenizer.decode(ids), finish, include_usage=inc)
+            )
+        if not sent:
+            yield r.sse_data(r.openai_error(EngineBusy("The engine's waiting queue is full; retry later.")))
+            return
+        if inc:
+            yield r.sse_data(r.usage_chunk(rid, params.model, created, "text_completion", self._usage(handle)))
+        yield r.SSE_DONE
+
+    # -- Anthropic messages -------------------------------------------------------------
+
+    async def messages(self, request: Request) -> Response:
+        body = await read_json(request)
+        params = generate_params(body, self.served, anthropic=True)
+        params = GenerateParams(params.model, params.max_tokens, params.stream, False, params.cache_salt, params.seed)
+        handle = self._submit(self.tokenizer.encode(render(anthropic_messages(body))), params)
+        if params.stream:
+            return self._stream(self._anthropic_events(handle, params.model), handle)
+        tokens = await self._finish(handle)
+        usage = r.anthropic_usage(handle.prompt_tokens, handle.cached_tokens, len(tokens))
+        out = r.anthropic_message(
+            r.new_id("msg_"), params.model, self.tokenizer.decode(tokens), handle.finish_reason, usage
+        )
+        return json_response(out)
+
+    async def _anthropic_events(self, handle: RequestHandle, model: str) -> AsyncIterator[bytes]:
+        started = False
+        async for ids in handle.chunks():
+            if not started:
+                usage = r.anthropic_usage(handle.prompt_tokens, handle.cached_tokens, 1)
+                message: dict[str, Any] = {
+                    "id": r.new_id("msg_"), "type": "message", "role": "assistant", "content": [], "model": model,
+                    "stop_reason": None, "stop_sequence": None, "usage": usage,
+                }  # fmt: skip
+                yield r.sse_event("message_start", {"type": "message_start", "message": message})
+                block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+                yield r.sse_event("content_block_start", block)
+                yield r.sse_event("ping", {"type": "ping"})
+                started = True
+            delta = {"type": "text_delta", "text": self.tokenizer.decode(ids)}
+            yield r.sse_event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+        if not started:
+            yield r.sse_event("error", r.anthropic_error(EngineBusy("Overloaded")))
+            return
+        yield r.sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        final = r.anthropic_usage(handle.prompt_tokens, handle.cached_tokens, len(handle.output_token_ids))
+        stop = {"stop_reason": r.anthropic_stop_reason(handle.finish_reason), "stop_sequence": None}
+        yield r.sse_event("message_delta", {"type": "message_delta", "delta": stop, "usage": final})
+        yield r.sse_event("message_stop", {"type": "message_stop"})
+
+    # -- tokenizer, embeddings, admin -----------------------------------------------------
+
+    async def tokenize(self, request: Request) -> Response:
+        body = await read_json(request)
+        if body.get("model") is not None:
+            resolve_model(body, self.served)
+        req = tokenize_request(body)
+        if req.messages is not None:
+            text = render(
+                req.messages,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+            )
+        else:
+            text = req.text or ""
+        ids = self.tokenizer.encode(text)
+        strs = self.tokenizer.token_strings(ids) if req.return_token_strs else None
+        out = {"count": len(ids), "max_model_len": self.engine.config.max_model_len, "tokens": ids, "token_strs": strs}
+        return json_response(out)
+
+    async def detokenize(self, request: Request) -> Response:
+        body = await read_json(request)
+        if body.get("model") is not None:
+            resolve_model(body, self.served)
+        ids = detokenize_tokens(body, self.tokenizer.vocab_size)
+        return json_response({"prompt": self.tokenizer.decode(ids)})
+
+    async def embeddings(self, request: Request) -> Response:
+        body = await read_json(request)
+        dim = self.engine.config.embedding_dim
+        req = embedding_request(body, self.served, dim)
+        data, total = [], 0
+        for index, item in enumerate(req.inputs):
+            if isinstance(item, str):
+                text, count = item, len(self.tokenizer.encode(item))
+            else:
+                text, count = self.tokenizer.decode(self._check_ids(item)), len(item)
+            total += count
+            vec = emb.truncate(emb.embed(text, dim), req.dimensions)
+            value: Any = emb.encode_base64(vec) if req.encoding_format == "base64" else vec.tolist()
+            data.append({"object": "embedding", "index": index, "embedding": value})
+        out = {
+            "object": "list",
+            "data": data,
+            "model": req.model,
+            "usage": {"prompt_tokens": total, "total_tokens": total},
+        }
+        return json_response(out)
+
+    async def reset_prefix_cache(self, _request: Request) -> Response:
+        if self.engine.reset_prefix_cache():
+            return Response(status_code=200)
+        raise Conflict("Cannot reset the prefix cache while requests hold KV blocks.")
+
+    async def models(self, _request: Request) -> Response:
+        return json_response(r.models_list(self.served, self.engine.config.max_model_len, self.created))
+
+    async def health(self, _request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def version(self, _request: Request) -> Response:
+        return json_response({"version": SIM_VERSION})
+
+    async def metrics(self, _request: Request) -> Response:
+        return Response(self.engine.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def build_app(engine: SimEngine, served_models: list[str] | None = None) -> FastAPI:
+    api = EngineApi(engine, served_models or [engine.config.model])
+    app = FastAPI(title=f"continuum-sim {engine.config.name}", docs_url=None, redoc_url=None, openapi_url=None)
+    post = {
+        "/v1/chat/completions": _guard(api.chat),
+        "/v1/completions": _guard(api.completions),
+        "/v1/messages": _guard(api.messages, anthropic=True),
+        "/v1/embeddings": _guard(api.embeddings),
+        "/tokenize": _guard(api.tokenize),
+        "/detokenize": _guard(api.detokenize),
+        "/reset_prefix_cache": _guard(api.reset_prefix_cache),
+    }
+    get = {
+        "/v1/models": api.models,
+        "/health": api.health,
+        "/version": api.version,
+        "/metrics": api.metrics,
+    }
+    for path, handler in post.items():
+        app.add_api_route(path, handler, methods=["POST"], include_in_schema=False)
+    for path, handler in get.items():
+        app.add_api_route(path, handler, methods=["GET"], include_in_schema=False)
+    return app
