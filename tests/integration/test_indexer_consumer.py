@@ -91,10 +91,16 @@ async def test_cancelled_mid_stream_and_restarted_loses_nothing(
     app = IndexerApp(settings(config, batch=100, ack_wait_s=1.0))
     stop = asyncio.Event()
     task = asyncio.create_task(app.run(stop))
-    while app.feeds is None or app.feeds.sink.last_apply_at is None:
-        await asyncio.sleep(0.005)
-    task.cancel()  # no graceful stop: batches may be applied and not acked, or half written
-    await asyncio.gather(task, return_exceptions=True)
+    try:
+        async with asyncio.timeout(20):
+            while app.feeds is None or app.feeds.sink.last_apply_at is None:
+                if task.done():
+                    task.result()  # surface why the indexer stopped
+                await asyncio.sleep(0.005)
+    finally:
+        task.cancel()  # no graceful stop: batches may be applied and not acked, or half written
+        await asyncio.gather(task, return_exceptions=True)
+    assert app.feeds is not None
     received = app.feeds.consumer.stats.events_received
     assert 0 < received < len(events), "the indexer must be stopped mid-stream"
 

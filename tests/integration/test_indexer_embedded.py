@@ -43,7 +43,10 @@ async def test_embedded_index_replays_then_follows_the_stream(nats_server: NatsS
     finally:
         for replica in replicas:
             replica.stop()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+        _, pending = await asyncio.wait(tasks, timeout=10)
+        for task in pending:  # never leave a consumer running into the next test
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await nc.close()
 
 
