@@ -79,7 +79,8 @@ class IndexerApp:
             await self.http.close()
         if self.nc is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.nc.drain(), 5.0)
+                async with asyncio.timeout(5.0):
+                    await self.nc.drain()
             with contextlib.suppress(Exception):
                 await self.nc.close()
         if self.index is not None:

@@ -60,7 +60,8 @@ class IndexFeeds:
             others.append(tg.create_task(self._maintenance(), name="index-maintenance"))
             await self._stop.wait()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(consumer), self.settings.shutdown_grace_s)
+                async with asyncio.timeout(self.settings.shutdown_grace_s):
+                    await asyncio.shield(consumer)
             for task in (consumer, *others):
                 task.cancel()
 

@@ -41,7 +41,8 @@ class HealthServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
+            async with asyncio.timeout(_READ_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
             method, _, rest = head.decode("latin-1").partition(" ")
             path = rest.partition(" ")[0].split("?", 1)[0]
             status, ctype, body = self._route(method, path)
@@ -53,7 +54,8 @@ class HealthServer:
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
                 + body
             )
-            await asyncio.wait_for(writer.drain(), _READ_TIMEOUT_S)
+            async with asyncio.timeout(_READ_TIMEOUT_S):
+                await writer.drain()
         except (OSError, TimeoutError):
             pass
         finally:

@@ -55,8 +55,11 @@ class PullStream:
         msgs = self._drain()
         if not msgs:
             await self._ensure_request()
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that lands as the queue hands over a message, and the consumer then never stops.
             try:
-                first = await asyncio.wait_for(self._queue.get(), max_wait_s)
+                async with asyncio.timeout(max_wait_s):
+                    first = await self._queue.get()
             except TimeoutError:
                 return []
             self._took(first)

@@ -120,7 +120,8 @@ class SseSource:
             self._set_connected(True)
             while True:
                 try:
-                    chunk = await asyncio.wait_for(anext(chunks), self.idle_timeout_s)
+                    async with asyncio.timeout(self.idle_timeout_s):  # not wait_for (see adapters/pull.py)
+                        chunk = await anext(chunks)
                 except StopAsyncIteration:
                     return
                 records = parser.feed(chunk)
