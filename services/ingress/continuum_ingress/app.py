@@ -28,6 +28,7 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 
 from continuum_common.config import RouterConfig
 from continuum_common.config.secrets import read_secret
+from continuum_common.redis_client import RedisClient
 from continuum_ingress.adapters.dialects import UpstreamDialect, default_dialects
 from continuum_ingress.adapters.forward import Forwarder
 from continuum_ingress.adapters.health import HealthChecker
@@ -38,6 +39,7 @@ from continuum_ingress.config import ConfigHolder
 from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
 from continuum_ingress.errors import RequestError
 from continuum_ingress.hooks import BodyRewriter, Component, ResponseCacheHook
+from continuum_ingress.kv import build_kv_routing
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.policy.scorer import BackendScorer
@@ -63,6 +65,8 @@ class IngressApp:
         components: Sequence[Component] = (),
         dialects: Mapping[str, UpstreamDialect] | None = None,
         extra_admin_routes: Sequence[BaseRoute] = (),
+        nats_url: str | None = None,
+        redis_client: RedisClient | None = None,
         reload_interval: float = 1.0,
         health_tick: float = 0.1,
         rng: random.Random | None = None,
@@ -76,6 +80,19 @@ class IngressApp:
         # Raises ConfigError (with every problem) on a bad file or an unreadable secret.
         self.holder = ConfigHolder(config, factory.build)
         self.holder.on_reload.append(self.metrics.reload)
+        # Tier 4 (kv/): the KV scorer, its index and admin routes, when kv_cache_index.enabled
+        # and no scorer was given. `nats_url` overrides bus.url (`up`'s embedded server).
+        self.kv = (
+            None
+            if scorer is not None
+            else build_kv_routing(
+                self.holder.current.config, self.metrics.registry, nats_url=nats_url, redis_client=redis_client
+            )
+        )
+        if self.kv is not None:
+            scorer = self.kv.scorer
+            components = (*components, self.kv)
+            extra_admin_routes = (*extra_admin_routes, *self.kv.admin_routes())
         self.components = tuple(components)
         for component in self.components:
             self.holder.on_config.append(component.reload)

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Collection
 
 from continuum_common.hashing import request_prefix_key
+from continuum_common.ring import RouteLabel
 from continuum_ingress.errors import NoBackend
 from continuum_ingress.hooks import CacheLookup, NoResponseCache, ResponseCacheHook
 from continuum_ingress.metrics import IngressMetrics
-from continuum_ingress.policy.scorer import BackendScorer, HoldingTier, best_scored
+from continuum_ingress.policy.scorer import BackendScorer, DecisionObserver, HoldingTier, best_scored
 from continuum_ingress.policy.strategies import SelectionInput
 from continuum_ingress.pool import BackendPool, BackendState
 from continuum_ingress.protocol.apis import Api
@@ -49,6 +50,7 @@ class SelectionPipeline:
         self.metrics = metrics
         self.response_cache: ResponseCacheHook = response_cache or NoResponseCache()
         self.scorer = scorer
+        self.observer = scorer if isinstance(scorer, DecisionObserver) else None
         self.clock = clock
         self.scorer_timeout = scorer_timeout
 
@@ -94,6 +96,8 @@ class SelectionPipeline:
         choice = snapshot.strategy.choose(candidates, SelectionInput(state.model, state.prefix_key, state.session_key))
         if choice.label is not None:
             self.metrics.route(choice.label)
+            if self.observer is not None and state.prefix_key is not None and choice.label is not RouteLabel.FALLBACK:
+                self.observer.note_decision(state.prefix_key, choice.backend, "prefix_hash")
         state.backend = choice.backend
         state.route_label = choice.label
         backend = self.pool.get(choice.backend)
@@ -113,6 +117,8 @@ class SelectionPipeline:
             self.metrics.kv_decision("fallback", HoldingTier.NONE)
             return None
         self.metrics.kv_decision("kv_aware", best.tier, best.score)
+        if self.observer is not None:
+            self.observer.note_decision(state.prefix_key, best.backend, "kv_aware")
         state.backend = best.backend
         state.route_label = None
         state.scorer_tier = best.tier
