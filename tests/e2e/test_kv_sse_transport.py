@@ -107,5 +107,3 @@ async def _positive(value: Any) -> bool:
 
 async def _zero(value: Any) -> bool:
     return bool(await value == 0)
-
-

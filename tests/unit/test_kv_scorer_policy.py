@@ -50,7 +50,10 @@ def test_holders_below_min_overlap_score_zero() -> None:
 
 def test_tier_multiplier_applies_before_the_threshold() -> None:
     warm = [Holding("a", 1000, Tier.STORAGE_WARM)]
-    assert composite_scores(warm, loads(a=0), W)["a"] == (pytest.approx(0.6 * 0.6 + 0.3 + 0.1), HoldingTier.STORAGE_WARM)
+    assert composite_scores(warm, loads(a=0), W)["a"] == (
+        pytest.approx(0.6 * 0.6 + 0.3 + 0.1),
+        HoldingTier.STORAGE_WARM,
+    )
     cold = Weights(storage_tier=0.2)
     assert composite_scores(warm, loads(a=0), cold)["a"] == (0.0, HoldingTier.STORAGE_WARM)
     # gpu_tier_weight below the threshold: nothing can ever pass (config validate warns).

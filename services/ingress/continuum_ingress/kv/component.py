@@ -63,7 +63,10 @@ class KvRouting:
         self.speculative = SpeculativeEntries(section.speculative_ttl_ms / 1000)
         self.metrics = KvScorerMetrics(registry, lambda: float(len(self.speculative)))
         self.scorer = KvOverlapScorer(
-            Weights.from_config(section.scoring), speculative=self.speculative, observe_query=self._observe_query
+            Weights.from_config(section.scoring),
+            speculative=self.speculative,
+            observe_query=self._observe_query,
+            on_speculative_route=self.metrics.speculative_routes.inc,
         )
         self.embedded: EmbeddedKvIndex | None = None
         self.redis_index: RedisKvIndex | None = None

@@ -85,6 +85,7 @@ class KvOverlapScorer:
         error_backoff_s: float = ERROR_BACKOFF_S,
         clock: Callable[[], float] = time.monotonic,
         observe_query: Callable[[float, int, int], None] | None = None,
+        on_speculative_route: Callable[[], None] | None = None,
     ) -> None:
         self.weights = weights
         self.speculative = speculative
@@ -97,6 +98,7 @@ class KvOverlapScorer:
         self.counters = ScorerCounters()
         # (seconds, prefixes asked, prefixes held) per index read; -1 seconds = a failed read.
         self._observe = observe_query
+        self._on_speculative_route = on_speculative_route
         self._slots: OrderedDict[str, _Slot] = OrderedDict()
         self._loads: dict[str, LoadSample] = {}
         self._loads_at = float("-inf")
@@ -139,6 +141,8 @@ class KvOverlapScorer:
             slot = self._slots.get(key)
             if slot is not None and not any(h.backend == backend for h in slot.holders):
                 self.counters.speculative_routes += 1
+                if self._on_speculative_route is not None:
+                    self._on_speculative_route()
         self.speculative.record(key, backend, self.clock())
 
     # ---- cache and reads -------------------------------------------------------------------
