@@ -85,7 +85,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from bench.fleet import main as fleet_main
 
         return fleet_main(args.rest[1:])
-    print("usage: continuum-router bench fleet [options]  (see `continuum-router bench fleet --help`)", file=sys.stderr)
+    if args.rest[:1] == ["compare"]:
+        from bench.compare import main as compare_main
+
+        return compare_main(args.rest[1:])
+    print(
+        "usage: continuum-router bench fleet|compare [options]  (see `continuum-router bench fleet --help`)",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -124,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-level", default=None)
     up.set_defaults(func=_cmd_up)
 
-    bench = sub.add_parser("bench", help="benchmarks (`bench fleet --help`)")
+    bench = sub.add_parser("bench", help="benchmarks (`bench fleet --help`, `bench compare --help`)")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_cmd_bench)
     return parser
