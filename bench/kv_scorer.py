@@ -102,7 +102,10 @@ async def prepare_costs(index: KvIndex, prefixes: int, label: str, number: int) 
         started = time.perf_counter()
         await asyncio.gather(*(scorer.prepare(k, CANDIDATES) for k in batch))
         burst.append((time.perf_counter() - started) * 1e6)
-    p = lambda q: reads[min(len(reads) - 1, int(q * len(reads)))]  # noqa: E731
+
+    def p(q: float) -> float:
+        return reads[min(len(reads) - 1, int(q * len(reads)))]
+
     print(f"{label}: prepare() from the 100 ms cache: median {statistics.median(cached):.1f} µs")
     print(f"{label}: prepare() with an index read: p50 {p(0.5):.1f} µs, p99 {p(0.99):.1f} µs ({len(reads)} reads)")
     print(

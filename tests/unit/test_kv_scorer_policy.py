@@ -92,18 +92,27 @@ def test_speculative_entries_expire_and_are_bounded() -> None:
     assert not off.enabled and off.backends("p", now=0.0) == ()
 
 
-class CountingIndex(InMemoryKvIndex):
+class CountingIndex:
+    """A KvIndex with a network index's shape (the scorer batches its reads), backed by an
+    InMemoryKvIndex; counts the query_many calls."""
+
     def __init__(self) -> None:
-        super().__init__()
+        self.inner = InMemoryKvIndex()
         self.calls: list[list[str]] = []
         self.fail = False
+
+    async def apply_batch(self, events: list[KvEvent]) -> None:
+        await self.inner.apply_batch(events)
 
     async def query_many(self, prefix_hashes: Iterable[str]) -> dict[str, list[KvHolder]]:
         keys = list(prefix_hashes)
         self.calls.append(keys)
         if self.fail:
             raise KvIndexError("redis: ConnectionError")
-        return await super().query_many(keys)
+        return await self.inner.query_many(keys)
+
+    async def query_backends(self, prefix_hash: str) -> list[KvHolder]:
+        return (await self.query_many([prefix_hash]))[prefix_hash]
 
 
 def created(backend: str, key: bytes, tokens: int, seq: int, tier: Tier = Tier.GPU_HOT) -> KvEvent:
@@ -224,3 +233,13 @@ async def test_a_waiter_that_gives_up_does_not_cancel_the_shared_read() -> None:
     gate.set()
     await scorer.prepare(P1, [Cand("a")])  # the first read finishes and fills the cache
     assert scorer.score(P1, "a") == pytest.approx(1.0)
+
+
+async def test_the_embedded_memory_index_is_read_synchronously() -> None:
+    index, clock = InMemoryKvIndex(), Clock()
+    await index.apply_batch([created("a", P1, 100, 1)])
+    scorer = KvOverlapScorer(W, speculative=SpeculativeEntries(2.0), index=index, clock=clock)
+    step = scorer.prepare(P1, [Cand("a")])
+    with pytest.raises(StopIteration):  # completes without ever suspending
+        step.send(None)
+    assert scorer.score(P1, "a") == pytest.approx(1.0) and scorer.counters.lookups == 1

@@ -10,7 +10,7 @@ Two steps, because the index read is I/O and the pool's scoring loop is synchron
 
 Reads are coalesced: every prefix asked for in the same event-loop turn goes into one
 `KvIndex.query_many()` call (one pipelined Redis round trip), and concurrent prepares of one
-prefix share a single read. A failed read raises into the pipeline, which counts it and falls
+prefix share a single read. The embedded InMemoryKvIndex is read synchronously instead. A failed read raises into the pipeline, which counts it and falls
 back to the configured strategy; after a failure the index is not asked again for
 `error_backoff_s`, so an outage costs each request an immediate fallback, not a timeout.
 
@@ -27,7 +27,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from continuum_common.kvindex import KvHolder, KvIndex, KvIndexError
+from continuum_common.kvindex import InMemoryKvIndex, KvHolder, KvIndex, KvIndexError
 from continuum_ingress.kv.speculative import SpeculativeEntries
 from continuum_ingress.policy.kv_scoring import (
     Holding,
@@ -164,6 +164,13 @@ class KvOverlapScorer:
     async def _fetch(self, key: str, now: float) -> None:
         if now < self._down_until:
             raise KvIndexUnavailable("the KV index failed recently; using the selection strategy")
+        if isinstance(self.index, InMemoryKvIndex):
+            # The embedded index is a dict read: no batching, no round trip, no task switch.
+            started = time.perf_counter()
+            held = self._store([key], {key: self.index.holders_nowait(key)})
+            if self._observe is not None:
+                self._observe(time.perf_counter() - started, 1, held)
+            return
         waiter = self._waiting.get(key)
         if waiter is None:
             waiter = asyncio.get_running_loop().create_future()
