@@ -297,6 +297,7 @@ async def compare(
     routers: Sequence[str], workloads: Sequence[str], base: FleetBenchOptions, work_dir: Path
 ) -> list[dict[str, Any]]:
     reports: list[dict[str, Any]] = []
+    await asyncio.to_thread(work_dir.mkdir, parents=True, exist_ok=True)
     async with SimFleet(configs=engine_configs(base), process=not base.in_process) as fleet:
         info = work_dir / "fleet.json"
         fleet.write_info(info)
@@ -377,7 +378,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import tempfile
 
     work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="continuum-compare-"))
-    work_dir.mkdir(parents=True, exist_ok=True)
     reports = asyncio.run(compare(routers, workloads, base, work_dir))
     text = table(reports)
     print("\n" + text)
