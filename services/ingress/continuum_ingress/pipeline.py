@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 # APIs whose body has a system prompt / first message / prompt to anchor a prefix key.
 PREFIX_APIS = frozenset({Api.CHAT, Api.COMPLETIONS, Api.MESSAGES})
 SCORER_PREPARE_TIMEOUT_S = 0.1
+SCORER_ERROR_LOG_INTERVAL_S = 1.0  # failures are all counted; the log gets at most one a second
 
 
 class SelectionPipeline:
@@ -53,6 +54,7 @@ class SelectionPipeline:
         self.observer = scorer if isinstance(scorer, DecisionObserver) else None
         self.clock = clock
         self.scorer_timeout = scorer_timeout
+        self._scorer_error_logged = float("-inf")
 
     async def lookup_cache(self, state: RequestState) -> CacheLookup:
         if not self.response_cache.enabled:
@@ -111,7 +113,10 @@ class SelectionPipeline:
             best = best_scored(self.scorer, state.prefix_key, candidates)
         except Exception as exc:  # a scorer outage must never fail the request
             self.metrics.kv_scorer_errors.inc()
-            log.warning("KV scorer failed, using the selection strategy: %s", type(exc).__name__)
+            now = self.clock()
+            if now - self._scorer_error_logged >= SCORER_ERROR_LOG_INTERVAL_S:  # one line per outage second
+                self._scorer_error_logged = now
+                log.warning("KV scorer failed, using the selection strategy: %s", type(exc).__name__)
             return None
         if best is None:
             self.metrics.kv_decision("fallback", HoldingTier.NONE)
