@@ -168,13 +168,8 @@ async def up(
         else:
             model = demo_model(fleet) if fleet is not None else None
             engines = len(fleet.endpoints) if fleet is not None else 0
-            banner = demo_banner(url, model=model, engines=engines, services=list(described))
-            if fleet is not None:
-                token = state_dir / ADMIN_TOKEN_FILE
-                banner += (
-                    f"\nKV index (which engine holds which prompt): "
-                    f'curl -s {url}/admin/kv-index/stats -H "Authorization: Bearer $(cat {token})"'
-                )
+            token = str(state_dir / ADMIN_TOKEN_FILE) if fleet is not None else None
+            banner = demo_banner(url, model=model, engines=engines, services=list(described), admin_token_file=token)
             print(banner, flush=True)
         await stop.wait()
         log.info("stopping: %s", ", ".join(reversed(described)))
