@@ -240,3 +240,20 @@ async def _served_by_b(c: httpx.AsyncClient) -> bool:
 
 
 pytestmark = pytest.mark.timeout(120)
+
+
+async def test_without_nats_the_ingress_serves_by_strategy_and_stops_promptly(monkeypatch: Any) -> None:
+    from continuum_common.procs import free_port
+
+    async with running_stubs("a", "b") as stubs:
+        cfg = config(stubs, f"nats://127.0.0.1:{free_port()}")  # nothing listens there
+        monkeypatch.setenv("CONTINUUM_KV_TEST_ADMIN", TOKEN)
+        started = time.monotonic()
+        async with running_ingress(cfg) as ing, httpx.AsyncClient(base_url=ing.url, timeout=10) as c:
+            assert ing.app.kv is not None and not ing.app.kv.ready.is_set()
+            assert sorted([await served_by(c, "prompt one") for _ in range(2)]) == ["a", "b"]
+            assert sample(ing, "continuum_kv_index_routing_decisions_total", decision="fallback", tier="none") == 2
+            stats = (await c.get("/admin/kv-index/stats", headers=AUTH)).json()
+            sources = [(s["reporter"], s["backend_name"], s["connected"]) for s in stats["event_sources"]]
+            assert sources == [("indexer", "event_bus", False)]  # no heartbeats readable; consumer not bound
+        assert time.monotonic() - started < 5  # shutdown does not wait for a connection

@@ -114,18 +114,21 @@ class KvRouting:
         return self.redis_index
 
     async def _run(self) -> None:
-        await connect_client(self.nc, self.config.bus, url=self.nats_url, name=NATS_CLIENT_NAME)
-        log.info("KV routing connected to NATS")
-        if self.embedded is None:
-            self.ready.set()
-            return
-        consumer = self.embedded.feeds.consumer
-        watcher = asyncio.get_running_loop().create_task(consumer.ready.wait())
-        watcher.add_done_callback(lambda _t: self.ready.set())
         try:
-            await self.embedded.run()
-        finally:
-            watcher.cancel()
+            await connect_client(self.nc, self.config.bus, url=self.nats_url, name=NATS_CLIENT_NAME)
+            log.info("KV routing connected to NATS")
+            if self.embedded is None:
+                self.ready.set()
+                return
+            consumer = self.embedded.feeds.consumer
+            watcher = asyncio.get_running_loop().create_task(consumer.ready.wait())
+            watcher.add_done_callback(lambda t: None if t.cancelled() else self.ready.set())
+            try:
+                await self.embedded.run()
+            finally:
+                watcher.cancel()
+        except Exception:  # the scorer keeps answering from what it has; requests fall back
+            log.exception("the KV index feed stopped")
 
     def reload(self, config: RouterConfig) -> None:
         if config.kv_cache_index != self.section:
@@ -134,15 +137,14 @@ class KvRouting:
     async def aclose(self) -> None:
         if self.embedded is not None:
             self.embedded.stop()
-        if self._task is not None:
-            task = self._task
-            try:
-                async with asyncio.timeout(STOP_GRACE_S):
-                    await asyncio.shield(task)
-            except (TimeoutError, Exception):
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        task = self._task
+        if task is not None and not task.done():
+            if self.nc.is_connected:  # let the embedded feed finish the batch in hand
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(STOP_GRACE_S):
+                        await asyncio.shield(task)
+            task.cancel()  # still connecting (NATS down), or past the grace period
+            await asyncio.gather(task, return_exceptions=True)
         await self.scorer.aclose()
         with contextlib.suppress(Exception):
             await self.nc.close()
