@@ -131,8 +131,8 @@ class KvRouting:
             log.exception("the KV index feed stopped")
 
     def reload(self, config: RouterConfig) -> None:
-        if config.kv_cache_index != self.section:
-            log.warning("kv_cache_index changed: it is a restart-only section; the change applies at the next start")
+        """Nothing to do: kv_cache_index is restart-only (the config holder warns about a
+        change); prefix_routing.enabled, which gates the scorer, is read per request."""
 
     async def aclose(self) -> None:
         if self.embedded is not None:
