@@ -45,12 +45,3 @@ class KvScorerMetrics:
             "continuum_kv_index_speculative_entries", "Live provisional (prefix, backend) entries", registry=r
         )
         gauge.set_function(speculative_entries)
-
-    @staticmethod
-    def value(counter: Counter | Histogram) -> float:
-        """Current count of a label-less counter (or a histogram's observation count)."""
-        for metric in counter.collect():
-            for sample in metric.samples:
-                if sample.name.endswith("_total") or sample.name.endswith("_count"):
-                    return float(sample.value)
-        return 0.0
