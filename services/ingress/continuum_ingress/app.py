@@ -4,6 +4,10 @@
     app = IngressApp("config.yaml")            # or a RouterConfig
     uvicorn.run(app.asgi, ...)                 # or continuum_ingress.server.serve()
 
+The response cache (Tier 2/3, `cache.hook.CacheHook`) is built here from the configuration
+unless a `response_cache` hook is passed, and the process's one Redis client (`app.redis`, a
+`SharedRedis`; pass `redis=` to share one built outside, e.g. with the Tier 4 scorer) too.
+
 Seams for other components are constructor arguments: `response_cache` (Tier 2/3 hook),
 `scorer` (Tier 4 BackendScorer), `rewriters` (per-attempt body rewrites), `dialects` (per
 backend-type upstream dialects), `components` (start / reload / aclose with the app) and
@@ -31,9 +35,11 @@ from continuum_common.config.secrets import read_secret
 from continuum_ingress.adapters.dialects import UpstreamDialect, default_dialects
 from continuum_ingress.adapters.forward import Forwarder
 from continuum_ingress.adapters.health import HealthChecker
+from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.adapters.upstream import ClientSet
 from continuum_ingress.admin import AdminAuth, AdminEndpoints
 from continuum_ingress.asgi import Receive, Scope, Send
+from continuum_ingress.cache.hook import CacheHook
 from continuum_ingress.config import ConfigHolder
 from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
 from continuum_ingress.errors import RequestError
@@ -63,6 +69,8 @@ class IngressApp:
         components: Sequence[Component] = (),
         dialects: Mapping[str, UpstreamDialect] | None = None,
         extra_admin_routes: Sequence[BaseRoute] = (),
+        redis: SharedRedis | None = None,
+        cache_monitor_interval_s: float = 30.0,
         reload_interval: float = 1.0,
         health_tick: float = 0.1,
         rng: random.Random | None = None,
@@ -76,7 +84,21 @@ class IngressApp:
         # Raises ConfigError (with every problem) on a bad file or an unreadable secret.
         self.holder = ConfigHolder(config, factory.build)
         self.holder.on_reload.append(self.metrics.reload)
-        self.components = tuple(components)
+        # One Redis client per process (response cache; the KV scorer reads `app.redis.client`).
+        self.redis = redis or SharedRedis.from_config(self.holder.current.config)
+        builtin_components: list[Component] = [self.redis]
+        if response_cache is None:
+            cache = CacheHook.from_config(
+                self.holder.current.config,
+                registry=self.metrics.registry,
+                redis=self.redis,
+                monitor_interval_s=cache_monitor_interval_s,
+            )
+            response_cache = cache
+            builtin_components.append(cache)
+            extra_admin_routes = (*cache.admin_routes(), *extra_admin_routes)
+        self.response_cache = response_cache
+        self.components = (*builtin_components, *components)
         for component in self.components:
             self.holder.on_config.append(component.reload)
         self.reload_interval = reload_interval
