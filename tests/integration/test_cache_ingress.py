@@ -101,6 +101,9 @@ async def test_miss_then_hit_non_stream_and_stream(fleet: SimFleet, store: dict[
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert await metric(ing.url, "continuum_response_cache_requests_total", result="hit") == 3
         assert await metric(ing.url, "continuum_response_cache_requests_total", result="miss") == 2
+        # Embeddings are not cached and carry no X-Cache header.
+        emb = await oc.embeddings.with_raw_response.create(model=model, input="hello")
+        assert emb.headers.get("x-cache") is None and emb.headers.get("x-continuum-backend")
 
 
 async def test_completions_and_anthropic_messages_are_cached(fleet: SimFleet, redis_server: RedisServer) -> None:
