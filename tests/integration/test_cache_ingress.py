@@ -230,4 +230,13 @@ async def test_admin_stats_and_invalidate(fleet: SimFleet, redis_server: RedisSe
 
             done = await client.post("/admin/response-cache/invalidate", json={"clear_all": True}, headers=ADMIN)
             assert done.json() == {"success": True, "action": "clear_all", "cleared_entries": 1}
+            exposition = (await client.get("/metrics")).text
+        for family in (
+            "continuum_response_cache_requests_total counter",
+            "continuum_cache_redis_latency_seconds histogram",
+            "continuum_cache_redis_errors_total counter",
+            "continuum_cache_fallback_active gauge",
+        ):
+            assert exposition.count(f"# TYPE {family}\n") == 1, family
+        assert 'continuum_response_cache_requests_total{result="hit"} 1.0' in exposition
         assert (await _chat(oc, model))[0] == "MISS"

@@ -27,15 +27,12 @@ Connection = Redis | ResponseCacheRedis
 
 def shared_connection(cfg: RouterConfig) -> Connection | None:
     """The connection the process shares: `redis`, else `response_cache.redis`, else the
-    seed's defaults when a Redis backend is configured without a connection, else None."""
+    seed's defaults when the response cache uses Redis without naming a connection, else None."""
     conn = cfg.redis_connection()
     if conn is not None:
         return conn
-    if cfg.response_cache.backend == "redis":
-        return ResponseCacheRedis()
-    if cfg.kv_cache_index.enabled and cfg.kv_cache_index.backend == "redis":
-        return Redis()
-    return None
+    # (A Redis KV index without a connection is refused by config validation.)
+    return ResponseCacheRedis() if cfg.response_cache.backend == "redis" else None
 
 
 def _grace_s(conn: Connection) -> float:
