@@ -50,7 +50,7 @@ def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> dict[str
 
 
 def _openai(url: str, key: str = "sk-tenant-a") -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(api_key=key, base_url=f"{url}/v1", max_retries=0)
+    return openai.AsyncOpenAI(api_key=key, base_url=f"{url}/v1", max_retries=0, timeout=15)
 
 
 async def _chat(oc: openai.AsyncOpenAI, model: str, **extra: Any) -> tuple[str | None, str | None, bytes]:
@@ -116,7 +116,7 @@ async def test_completions_and_anthropic_messages_are_cached(fleet: SimFleet, re
         assert (first.headers["x-cache"], again.headers["x-cache"]) == ("MISS", "HIT")
         assert again.content == first.content
 
-        ac = anthropic.AsyncAnthropic(api_key="sk-tenant-a", base_url=f"{ing.url}/anthropic", max_retries=0)
+        ac = anthropic.AsyncAnthropic(api_key="sk-tenant-a", base_url=f"{ing.url}/anthropic", max_retries=0, timeout=15)
         request: dict[str, Any] = {
             "model": model,
             "max_tokens": 8,  # no temperature: omitted is eligible (this SDK no longer sends one)
