@@ -36,10 +36,13 @@ async def test_reload_swaps_the_client_only_when_the_connection_changes(monkeypa
     cache = CacheHook.from_config(
         router_config({**base, "redis": {"url": "redis://127.0.0.1:1"}}), registry=CollectorRegistry(), redis=shared
     )
+    swapped: list[object] = []
+    shared.on_swap.append(swapped.append)
     new_cfg = router_config({**base, "redis": {"url": "redis://127.0.0.1:2", "pool_size": 4}})
     shared.reload(new_cfg)
     second = shared.client
     assert second is not None and second is not first and shared.generation == 2
+    assert swapped == [second]
     cache.reload(new_cfg)  # the cache's Redis store now uses the new client
     primary = cache.cache.cache_store.primary  # type: ignore[attr-defined]
     assert primary.client is second

@@ -3,10 +3,11 @@ the response cache and the KV-index scorer).
 
 `IngressApp` builds a `SharedRedis` from the configuration (or takes the one passed as
 `IngressApp(cfg, redis=shared)`), runs it as a component and exposes it as `app.redis`.
-Whoever needs Redis reads `shared.client` when it issues a command and does not keep the client
-object: a hot reload that changes the connection (url, tls, password, pool, timeouts) swaps in
-a new client and closes the old one after a grace period, once the commands still running on
-it have had their deadline.
+Whoever needs Redis reads `shared.client` when it issues a command, or, if it must keep the
+client object (a `RedisKvIndex` built on it, say), registers `shared.on_swap.append(callback)`:
+a hot reload that changes the connection (url, tls, password, pool, timeouts, cluster) swaps in
+a new client, calls every callback with it, and closes the old one after a grace period, once
+the commands still running on it have had their deadline.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from continuum_common.config import RouterConfig
 from continuum_common.config.router import Redis, ResponseCacheRedis
@@ -48,6 +50,8 @@ class SharedRedis:
         # make_redis builds the pool; nothing connects until the first command.
         self.client: RedisClient | None = make_redis(connection) if connection is not None else None
         self.generation = 1
+        # Called with the new client after a reload swapped it (`client` is already the new one).
+        self.on_swap: list[Callable[[RedisClient | None], None]] = []
         self._retired: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -73,6 +77,11 @@ class SharedRedis:
         self.client, self.connection = client, conn
         self.generation += 1
         log.info("redis: connection settings changed; new client in use (generation %d)", self.generation)
+        for notify in self.on_swap:
+            try:
+                notify(client)
+            except Exception:  # one holder's trouble must not keep the others on the old client
+                log.exception("redis: a client-swap callback failed")
         if old is not None and old_conn is not None:
             task = asyncio.get_running_loop().create_task(self._close_later(old, _grace_s(old_conn)))
             self._retired.add(task)
