@@ -257,3 +257,29 @@ async def test_without_nats_the_ingress_serves_by_strategy_and_stops_promptly(mo
             sources = [(s["reporter"], s["backend_name"], s["connected"]) for s in stats["event_sources"]]
             assert sources == [("indexer", "event_bus", False)]  # no heartbeats readable; consumer not bound
         assert time.monotonic() - started < 5  # shutdown does not wait for a connection
+
+
+async def test_the_redis_index_shares_the_process_redis_client_and_follows_a_swap(
+    nats_server: NatsServer, redis_server: RedisServer, monkeypatch: Any
+) -> None:
+    p1 = key("prompt one")
+    async with running_stubs("a", "b") as stubs:
+        cfg = config(stubs, nats_server.url, redis_url=redis_server.url, speculative_ttl_ms=0)
+        writer_client = make_redis(router_config(cfg).redis_connection())  # type: ignore[arg-type]
+        try:
+            await RedisKvIndex.from_config(router_config(cfg).kv_cache_index, writer_client).apply_batch(
+                [created("b", p1, 100, 1)]
+            )
+            async with ingress(cfg, monkeypatch) as (ing, c):
+                kv = ing.app.kv
+                assert kv is not None and kv.redis_index is not None
+                assert kv.redis_index._redis is ing.app.redis.client  # one pool for cache and KV index
+                assert await served_by(c, "prompt one") == "b"
+                before = ing.app.redis.client
+                ing.app.redis.reload(router_config({**cfg, "redis": {**cfg["redis"], "pool_size": 4}}))
+                assert ing.app.redis.client is not before
+                assert kv.redis_index._redis is ing.app.redis.client and kv.scorer.index is kv.redis_index
+                await asyncio.sleep(0.15)  # past the scorer's cache: the next read uses the new client
+                assert [await served_by(c, "prompt one") for _ in range(2)] == ["b", "b"]
+        finally:
+            await writer_client.aclose()

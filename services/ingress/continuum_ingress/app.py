@@ -4,6 +4,12 @@
     app = IngressApp("config.yaml")            # or a RouterConfig
     uvicorn.run(app.asgi, ...)                 # or continuum_ingress.server.serve()
 
+The response cache (Tier 2/3, `cache.hook.CacheHook`) is built here from the configuration
+unless a `response_cache` hook is passed, and the process's one Redis client (`app.redis`, a
+`SharedRedis`; pass `redis=` to share one built outside) too. The Tier 4 KV scorer (`kv/`) is
+built here when `kv_cache_index.enabled` and no `scorer` is passed; a Redis KV index reads
+through `app.redis`, so the response cache and the KV index share one pool.
+
 Seams for other components are constructor arguments: `response_cache` (Tier 2/3 hook),
 `scorer` (Tier 4 BackendScorer), `rewriters` (per-attempt body rewrites), `dialects` (per
 backend-type upstream dialects), `components` (start / reload / aclose with the app) and
@@ -28,13 +34,14 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 
 from continuum_common.config import RouterConfig
 from continuum_common.config.secrets import read_secret
-from continuum_common.redis_client import RedisClient
 from continuum_ingress.adapters.dialects import UpstreamDialect, default_dialects
 from continuum_ingress.adapters.forward import Forwarder
 from continuum_ingress.adapters.health import HealthChecker
+from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.adapters.upstream import ClientSet
 from continuum_ingress.admin import AdminAuth, AdminEndpoints
 from continuum_ingress.asgi import Receive, Scope, Send
+from continuum_ingress.cache.hook import CacheHook
 from continuum_ingress.config import ConfigHolder
 from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
 from continuum_ingress.errors import RequestError
@@ -65,8 +72,9 @@ class IngressApp:
         components: Sequence[Component] = (),
         dialects: Mapping[str, UpstreamDialect] | None = None,
         extra_admin_routes: Sequence[BaseRoute] = (),
+        redis: SharedRedis | None = None,
+        cache_monitor_interval_s: float = 30.0,
         nats_url: str | None = None,
-        redis_client: RedisClient | None = None,
         reload_interval: float = 1.0,
         health_tick: float = 0.1,
         rng: random.Random | None = None,
@@ -80,20 +88,34 @@ class IngressApp:
         # Raises ConfigError (with every problem) on a bad file or an unreadable secret.
         self.holder = ConfigHolder(config, factory.build)
         self.holder.on_reload.append(self.metrics.reload)
+        # One Redis client per process (response cache; the KV scorer's Redis index).
+        self.redis = redis or SharedRedis.from_config(self.holder.current.config)
+        builtin_components: list[Component] = [self.redis]
+        if response_cache is None:
+            cache = CacheHook.from_config(
+                self.holder.current.config,
+                registry=self.metrics.registry,
+                redis=self.redis,
+                monitor_interval_s=cache_monitor_interval_s,
+            )
+            response_cache = cache
+            builtin_components.append(cache)
+            extra_admin_routes = (*cache.admin_routes(), *extra_admin_routes)
+        self.response_cache = response_cache
         # Tier 4 (kv/): the KV scorer, its index and admin routes, when kv_cache_index.enabled
         # and no scorer was given. `nats_url` overrides bus.url (`up`'s embedded server).
         self.kv = (
             None
             if scorer is not None
             else build_kv_routing(
-                self.holder.current.config, self.metrics.registry, nats_url=nats_url, redis_client=redis_client
+                self.holder.current.config, self.metrics.registry, nats_url=nats_url, redis=self.redis
             )
         )
         if self.kv is not None:
             scorer = self.kv.scorer
-            components = (*components, self.kv)
+            builtin_components.append(self.kv)
             extra_admin_routes = (*extra_admin_routes, *self.kv.admin_routes())
-        self.components = tuple(components)
+        self.components = (*builtin_components, *components)
         for component in self.components:
             self.holder.on_config.append(component.reload)
         self.reload_interval = reload_interval

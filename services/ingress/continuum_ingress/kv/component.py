@@ -9,7 +9,8 @@ Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns
     process fed by a private JetStream consumer (it replays the last entry TTL of the stream,
     then follows it) and by the `transport: sse` sources; no indexer process, no Redis;
   - `backend: redis`: a RedisKvIndex used read-only (the indexer service writes it), on the
-    process's shared Redis client when the app passes one, else on a client of its own;
+    process's shared Redis client (`app.redis`, which the response cache uses too; followed
+    across hot-reload swaps), else on a client of its own;
 * a NATS connection, made in the background, for the embedded feed, the indexer's admin
   request/reply and the listener heartbeats;
 * the admin routes `GET /admin/kv-index/stats`, `GET /admin/kv-index/backends`,
@@ -31,6 +32,7 @@ from continuum_common.kvindex import KvIndex
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.redis_client import RedisClient
 from continuum_indexer.embedded import EmbeddedKvIndex
+from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.kv.adapters.bus import BusReader, connect_client
 from continuum_ingress.kv.metrics import KvScorerMetrics
 from continuum_ingress.kv.scorer import KvOverlapScorer
@@ -50,7 +52,7 @@ class KvRouting:
         registry: CollectorRegistry,
         *,
         nats_url: str | None = None,
-        redis_client: RedisClient | None = None,
+        redis: SharedRedis | None = None,
         embedded_maintenance_s: float = 30.0,
     ) -> None:
         section = config.kv_cache_index
@@ -70,7 +72,7 @@ class KvRouting:
         )
         self.embedded: EmbeddedKvIndex | None = None
         self.redis_index: RedisKvIndex | None = None
-        self._redis_client = redis_client
+        self._shared_redis = redis
         self._owned_redis: RedisClient | None = None
         self._embedded_maintenance_s = embedded_maintenance_s
         self._task: asyncio.Task[None] | None = None
@@ -102,16 +104,26 @@ class KvRouting:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="kv-routing")
 
     def _open_redis(self) -> KvIndex:
-        from continuum_common.redis_client import make_redis
-
-        client = self._redis_client
+        """Read-only use (query_many, and stats for admin): the indexer writes. On the process's
+        shared client, followed across hot-reload swaps; without one, on a client of its own."""
+        shared = self._shared_redis
+        client = shared.client if shared is not None else None
         if client is None:
+            from continuum_common.redis_client import make_redis
+
             connection = self.config.redis_connection()
             assert connection is not None  # the schema requires one for backend: redis
             client = self._owned_redis = make_redis(connection)
-        # Read-only use: the ingress calls query_many (and stats for admin); the indexer writes.
+        elif shared is not None:
+            shared.on_swap.append(self._swap_redis)
         self.redis_index = RedisKvIndex.from_config(self.section, client)
         return self.redis_index
+
+    def _swap_redis(self, client: RedisClient | None) -> None:
+        if client is None:  # the connection went away from the config: keep reading the old one
+            return
+        self.redis_index = RedisKvIndex.from_config(self.section, client)
+        self.scorer.index = self.redis_index
 
     async def _run(self) -> None:
         try:
