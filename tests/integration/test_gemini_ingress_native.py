@@ -207,7 +207,8 @@ async def test_disabled_feature_creates_nothing(native: bool) -> None:
             assert answer.choices[0].message.content == fake.reply_text
             assert fake.count(Op.GENERATE if native else Op.OPENAI_CHAT) == 1
             app = ingress.app
-            assert app.gemini.cache is None and app.components == ()
+            assert app.gemini.cache is None and app.gemini.components == ()
+            assert not any(isinstance(c, GeminiContextCache) for c in app.components)
             assert not any(isinstance(r, GeminiContextCache) for r in app.forwarder.rewriters)
             headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
             async with httpx.AsyncClient(base_url=ingress.url, headers=headers) as http:

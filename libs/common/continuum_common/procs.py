@@ -151,7 +151,12 @@ class NatsServer(ManagedProcess):
     async def wait_ready(self) -> None:
         import nats
 
-        nc = await nats.connect(self.url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False)
+        async def quiet(_exc: Exception) -> None:
+            return None  # refusals are expected until the server listens; start() reports failure
+
+        nc = await nats.connect(
+            self.url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False, error_cb=quiet
+        )
         try:
             await nc.jetstream().account_info()
         finally:
@@ -203,3 +208,83 @@ class RedisServer(ManagedProcess):
                 raise HarnessError("PING did not answer PONG")
         finally:
             await client.aclose()
+
+
+class RedisClusterServer:
+    """A Redis Cluster of `size` primaries (no replicas) on loopback, for the cluster tests:
+    each node is a RedisServer with `--cluster-enabled yes` and its own free cluster-bus port;
+    `redis-cli --cluster create` assigns the slots, and readiness is `cluster_state:ok` on
+    every node."""
+
+    def __init__(self, size: int = 3, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.nodes = [RedisServer(host=host, extra_args=self._node_args(host)) for _ in range(size)]
+
+    @staticmethod
+    def _node_args(host: str) -> list[str]:
+        return [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-port", str(free_port(host)),
+            "--cluster-node-timeout", "2000",
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        """Any one node; cluster clients discover the rest."""
+        return self.nodes[0].url
+
+    async def start(self) -> None:
+        for node in self.nodes:
+            await node.start()
+        cli = find_binary("redis-cli")
+        addresses = [f"{node.host}:{node.port}" for node in self.nodes]
+        proc = await asyncio.create_subprocess_exec(
+            cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            output, _ = await asyncio.wait_for(proc.communicate(), _READY_TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            await self.close()
+            raise HarnessError("redis-cli --cluster create timed out") from None
+        if proc.returncode != 0:
+            await self.close()
+            raise HarnessError(f"redis-cli --cluster create failed:\n{output.decode(errors='replace')[-2000:]}")
+        await self._wait_cluster_ok()
+
+    async def _wait_cluster_ok(self) -> None:
+        import redis.asyncio as aioredis
+
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            states = []
+            for node in self.nodes:
+                client = aioredis.Redis(host=node.host, port=node.port, socket_timeout=1)
+                try:
+                    info = await client.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
+                finally:
+                    await client.aclose()
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                states.append("cluster_state:ok" in text)
+            if all(states):
+                return
+            await asyncio.sleep(0.1)
+        await self.close()
+        raise HarnessError("redis cluster did not reach cluster_state:ok")
+
+    async def flushall(self) -> None:
+        import redis.asyncio as aioredis
+
+        for node in self.nodes:
+            client = aioredis.Redis(host=node.host, port=node.port, socket_timeout=2)
+            try:
+                await client.flushall()
+            finally:
+                await client.aclose()
+
+    async def close(self) -> None:
+        for node in self.nodes:
+            await node.close()

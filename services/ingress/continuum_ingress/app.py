@@ -4,12 +4,18 @@
     app = IngressApp("config.yaml")            # or a RouterConfig
     uvicorn.run(app.asgi, ...)                 # or continuum_ingress.server.serve()
 
+The response cache (Tier 2/3, `cache.hook.CacheHook`) is built here from the configuration
+unless a `response_cache` hook is passed, and the process's one Redis client (`app.redis`, a
+`SharedRedis`; pass `redis=` to share one built outside) too. The Tier 4 KV scorer (`kv/`) is
+built here when `kv_cache_index.enabled` and no `scorer` is passed; a Redis KV index reads
+through `app.redis`, so the response cache and the KV index share one pool.
+
 Seams for other components are constructor arguments: `response_cache` (Tier 2/3 hook),
 `scorer` (Tier 4 BackendScorer), `rewriters` (per-attempt body rewrites), `dialects` (per
 backend-type upstream dialects), `components` (start / reload / aclose with the app) and
 `extra_admin_routes` (mounted under /admin, behind the admin token). The Gemini dialect and
 context-cache client (docs/gemini-ingress.md) are built here from the configuration
-(`gemini.wiring.build_gemini`); `bus_url` overrides `bus.url` for them (`up`'s embedded NATS).
+(`gemini.wiring.build_gemini`); `nats_url` overrides `bus.url` for them too (`up`'s embedded NATS).
 """
 
 from __future__ import annotations
@@ -33,14 +39,17 @@ from continuum_common.config.secrets import read_secret
 from continuum_ingress.adapters.dialects import UpstreamDialect, default_dialects
 from continuum_ingress.adapters.forward import Forwarder
 from continuum_ingress.adapters.health import HealthChecker
+from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.adapters.upstream import ClientSet
 from continuum_ingress.admin import AdminAuth, AdminEndpoints
 from continuum_ingress.asgi import Receive, Scope, Send
+from continuum_ingress.cache.hook import CacheHook
 from continuum_ingress.config import ConfigHolder
 from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
 from continuum_ingress.errors import RequestError
 from continuum_ingress.gemini.wiring import build_gemini
 from continuum_ingress.hooks import BodyRewriter, Component, ResponseCacheHook
+from continuum_ingress.kv import build_kv_routing
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.policy.scorer import BackendScorer
@@ -66,7 +75,9 @@ class IngressApp:
         components: Sequence[Component] = (),
         dialects: Mapping[str, UpstreamDialect] | None = None,
         extra_admin_routes: Sequence[BaseRoute] = (),
-        bus_url: str | None = None,
+        redis: SharedRedis | None = None,
+        cache_monitor_interval_s: float = 30.0,
+        nats_url: str | None = None,
         reload_interval: float = 1.0,
         health_tick: float = 0.1,
         rng: random.Random | None = None,
@@ -78,13 +89,40 @@ class IngressApp:
         # Raises ConfigError (with every problem) on a bad file.
         initial = config if isinstance(config, RouterConfig) else load_router_config(config)
         # Gemini (issue 8): its dialect, the context cache rewriter/component, admin routes.
-        self.gemini = build_gemini(initial, self.metrics.registry, bus_url=bus_url)
+        self.gemini = build_gemini(initial, self.metrics.registry, nats_url=nats_url)
         self.dialects = dict(dialects or {**default_dialects(), "gemini": self.gemini.dialect})
         factory = SnapshotFactory(self.pool, self.clients, self.dialects, rng)
         # Raises ConfigError on an unreadable secret.
         self.holder = ConfigHolder(config, factory.build, initial)
         self.holder.on_reload.append(self.metrics.reload)
-        self.components = (*self.gemini.components, *components)
+        # One Redis client per process (response cache; the KV scorer's Redis index).
+        self.redis = redis or SharedRedis.from_config(self.holder.current.config)
+        builtin_components: list[Component] = [self.redis]
+        if response_cache is None:
+            cache = CacheHook.from_config(
+                self.holder.current.config,
+                registry=self.metrics.registry,
+                redis=self.redis,
+                monitor_interval_s=cache_monitor_interval_s,
+            )
+            response_cache = cache
+            builtin_components.append(cache)
+            extra_admin_routes = (*cache.admin_routes(), *extra_admin_routes)
+        self.response_cache = response_cache
+        # Tier 4 (kv/): the KV scorer, its index and admin routes, when kv_cache_index.enabled
+        # and no scorer was given. `nats_url` overrides bus.url (`up`'s embedded server).
+        self.kv = (
+            None
+            if scorer is not None
+            else build_kv_routing(
+                self.holder.current.config, self.metrics.registry, nats_url=nats_url, redis=self.redis
+            )
+        )
+        if self.kv is not None:
+            scorer = self.kv.scorer
+            builtin_components.append(self.kv)
+            extra_admin_routes = (*extra_admin_routes, *self.kv.admin_routes())
+        self.components = (*builtin_components, *self.gemini.components, *components)
         for component in self.components:
             self.holder.on_config.append(component.reload)
         self.reload_interval = reload_interval

@@ -60,7 +60,15 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
     setup_logging("up", args.log_level)
     try:
-        run_loop(up(resolve_config_path(args.config), demo=args.demo, host=args.host, port=args.port))
+        run_loop(
+            up(
+                resolve_config_path(args.config),
+                demo=args.demo,
+                host=args.host,
+                port=args.port,
+                listener_config=args.listener_config,
+            )
+        )
     except ContinuumError as exc:  # a bad config, a missing secret, nats-server failing to start
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -77,7 +85,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from bench.fleet import main as fleet_main
 
         return fleet_main(args.rest[1:])
-    print("usage: continuum-router bench fleet [options]  (see `continuum-router bench fleet --help`)", file=sys.stderr)
+    if args.rest[:1] == ["compare"]:
+        from bench.compare import main as compare_main
+
+        return compare_main(args.rest[1:])
+    print(
+        "usage: continuum-router bench fleet|compare [options]  (see `continuum-router bench fleet --help`)",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -112,10 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--demo", action="store_true", help="also start 3 simulated engines and route to them")
     up.add_argument("--host", help="override server.host")
     up.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
+    up.add_argument("--listener-config", help="also run the KV listener with this file (--demo writes its own)")
     up.add_argument("--log-level", default=None)
     up.set_defaults(func=_cmd_up)
 
-    bench = sub.add_parser("bench", help="benchmarks (`bench fleet --help`)")
+    bench = sub.add_parser("bench", help="benchmarks (`bench fleet --help`, `bench compare --help`)")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_cmd_bench)
     return parser

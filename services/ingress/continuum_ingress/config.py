@@ -8,7 +8,8 @@ nothing in flight notices; snapshots retired by a reload are handed to `retired_
 last request has finished, which is when their obsolete HTTP clients can be closed.
 
 Only the seed's hot-reloadable fields take effect on reload (backends, selection_strategy,
-prefix_routing.*, server.max_body_bytes, admin tokens); a change to a restart-only section is
+prefix_routing.*, server.max_body_bytes, admin tokens, response_cache.* but its backend, the
+Redis connection); a change to a restart-only section is
 logged as a warning and otherwise ignored until restart.
 """
 
@@ -26,12 +27,12 @@ from continuum_ingress.snapshot import RouterSnapshot
 
 log = logging.getLogger(__name__)
 
+# `response_cache` (all but its `backend`, which the cache itself warns about) and the shared
+# `redis` connection hot-reload through their components (cache/hook.py, adapters/shared_redis.py).
 RESTART_ONLY = (
-    "response_cache",
     "kv_cache_index",
     "gemini_context_cache",
     "bus",
-    "redis",
     "tracing",
 )
 RESTART_ONLY_SERVER = ("host", "port", "workers")

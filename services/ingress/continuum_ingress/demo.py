@@ -36,7 +36,9 @@ def demo_config(backends: Sequence[dict[str, Any]], *, host: str, port: int) -> 
     }
 
 
-def banner(url: str, *, model: str | None, engines: int, services: list[str]) -> str:
+def banner(
+    url: str, *, model: str | None, engines: int, services: list[str], admin_token_file: str | None = None
+) -> str:
     lines = [f"Continuum is up on {url}  (services: {', '.join(services)})"]
     if model is not None:
         body = (
@@ -55,6 +57,12 @@ def banner(url: str, *, model: str | None, engines: int, services: list[str]) ->
             f'  reply = client.chat.completions.create(model="{model}", '
             'messages=[{"role": "user", "content": "Hello!"}])',
             "  print(reply.choices[0].message.content)",
+        ]
+    if admin_token_file is not None:
+        lines += [
+            "",
+            "Which engine holds which prompt (the KV index):",
+            f'  curl -s {url}/admin/kv-index/stats -H "Authorization: Bearer $(cat {admin_token_file})"',
         ]
     lines += ["", f"Metrics: {url}/metrics   Models: {url}/v1/models   Ctrl-C stops everything."]
     return "\n".join(lines)

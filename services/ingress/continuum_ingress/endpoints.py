@@ -90,13 +90,14 @@ class ForwardEndpoint:
             state = RequestState(
                 info.request_id, request, raw, info.client, scope["headers"], info.session_id or request.user, started
             )
-            self.pipeline.prepare(state, snapshot)
             with DisconnectWatch(receive, channel) as watch:
                 try:
+                    # The response cache first: a HIT needs no prefix key and no backend.
                     lookup = await self.pipeline.lookup_cache(state)
                     if lookup.response is not None:
                         await self._replay(state, lookup.response, channel)
                     else:
+                        self.pipeline.prepare(state, snapshot)
                         await self.forwarder.forward(state, snapshot, channel, lookup)
                 except RequestError as error:
                     if channel.started:

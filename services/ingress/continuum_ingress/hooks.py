@@ -50,8 +50,9 @@ class ResponseRecorder(Protocol):
     def feed(self, chunk: bytes) -> None:
         """Called with each body chunk as it is sent (once for a non-streamed body)."""
 
-    async def commit(self, status: int, headers: Sequence[tuple[str, str]]) -> None:
-        """The whole response reached the client successfully: store it (bounded time)."""
+    async def commit(self, status: int, headers: Sequence[tuple[str, str]]) -> object:
+        """The whole response reached the client successfully: store it (bounded time). The
+        return value (the cache's "stored or not") is not used by the ingress."""
 
     def abort(self) -> None:
         """The response failed or was cut short: forget what was fed."""

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Collection
 
 from continuum_common.hashing import request_prefix_key
+from continuum_common.ring import RouteLabel
 from continuum_ingress.errors import NoBackend
 from continuum_ingress.hooks import CacheLookup, NoResponseCache, ResponseCacheHook
 from continuum_ingress.metrics import IngressMetrics
-from continuum_ingress.policy.scorer import BackendScorer, HoldingTier, best_scored
+from continuum_ingress.policy.scorer import BackendScorer, DecisionObserver, HoldingTier, best_scored
 from continuum_ingress.policy.strategies import SelectionInput
 from continuum_ingress.pool import BackendPool, BackendState
 from continuum_ingress.protocol.apis import Api
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 # APIs whose body has a system prompt / first message / prompt to anchor a prefix key.
 PREFIX_APIS = frozenset({Api.CHAT, Api.COMPLETIONS, Api.MESSAGES})
 SCORER_PREPARE_TIMEOUT_S = 0.1
+SCORER_ERROR_LOG_INTERVAL_S = 1.0  # failures are all counted; the log gets at most one a second
 
 
 class SelectionPipeline:
@@ -49,8 +51,10 @@ class SelectionPipeline:
         self.metrics = metrics
         self.response_cache: ResponseCacheHook = response_cache or NoResponseCache()
         self.scorer = scorer
+        self.observer = scorer if isinstance(scorer, DecisionObserver) else None
         self.clock = clock
         self.scorer_timeout = scorer_timeout
+        self._scorer_error_logged = float("-inf")
 
     async def lookup_cache(self, state: RequestState) -> CacheLookup:
         if not self.response_cache.enabled:
@@ -94,6 +98,8 @@ class SelectionPipeline:
         choice = snapshot.strategy.choose(candidates, SelectionInput(state.model, state.prefix_key, state.session_key))
         if choice.label is not None:
             self.metrics.route(choice.label)
+            if self.observer is not None and state.prefix_key is not None and choice.label is not RouteLabel.FALLBACK:
+                self.observer.note_decision(state.prefix_key, choice.backend, "prefix_hash")
         state.backend = choice.backend
         state.route_label = choice.label
         backend = self.pool.get(choice.backend)
@@ -107,12 +113,17 @@ class SelectionPipeline:
             best = best_scored(self.scorer, state.prefix_key, candidates)
         except Exception as exc:  # a scorer outage must never fail the request
             self.metrics.kv_scorer_errors.inc()
-            log.warning("KV scorer failed, using the selection strategy: %s", type(exc).__name__)
+            now = self.clock()
+            if now - self._scorer_error_logged >= SCORER_ERROR_LOG_INTERVAL_S:  # one line per outage second
+                self._scorer_error_logged = now
+                log.warning("KV scorer failed, using the selection strategy: %s", type(exc).__name__)
             return None
         if best is None:
             self.metrics.kv_decision("fallback", HoldingTier.NONE)
             return None
         self.metrics.kv_decision("kv_aware", best.tier, best.score)
+        if self.observer is not None:
+            self.observer.note_decision(state.prefix_key, best.backend, "kv_aware")
         state.backend = best.backend
         state.route_label = None
         state.scorer_tier = best.tier

@@ -6,9 +6,10 @@ reverse order on SIGINT/SIGTERM. `--demo` first starts three simulated vLLM engi
 (continuum_sim.SimFleet, in a child process) and writes a config pointing at them to
 `.continuum/demo-config.yaml` (edit it: hot reload picks changes up).
 
-SERVICES is the registry the other services join as they land: the KV listener (issue 6), the
-indexer (issue 7) and gemini-cache (issue 8) each add one `Service` entry whose `run()` gets the
-UpContext (config, NATS URL, data directory).
+SERVICES is the registry of what runs: the KV listener (with `--listener-config FILE`, or the
+file `--demo` generates), the indexer (with `kv_cache_index.backend: redis`; with `memory` the
+ingress holds the index itself), gemini-cache (with `gemini_context_cache.enabled`) and the ingress. Each
+`Service.run()` gets the UpContext (config, NATS URL, data directory). See kv/up.py.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from continuum_common.procs import NatsServer
 from continuum_ingress.app import IngressApp
 from continuum_ingress.demo import banner as demo_banner
 from continuum_ingress.demo import demo_config, demo_fleet, demo_model
+from continuum_ingress.kv.up import ADMIN_TOKEN_FILE, demo_kv_sections, indexer_service, listener_service
 from continuum_ingress.run import install_stop_signals
 from continuum_ingress.server import RunningServer
 from continuum_sim import SimFleet
@@ -52,24 +54,21 @@ class UpContext:
     # With --demo: the simulated engines (`fleet.endpoints`, `fleet.listener_sources()` for the
     # KV listener's `sources:`).
     fleet: SimFleet | None = None
-
-
-def _always(ctx: UpContext) -> bool:
-    return True
+    # The KV listener's own file (`--listener-config`); None: no listener (unless --demo).
+    listener_config: Path | None = None
 
 
 @dataclass(frozen=True)
 class Service:
     name: str
-    # Runs the service until the context exits; yields a one-line description (e.g. its URL).
-    run: Callable[[UpContext], AbstractAsyncContextManager[str]]
-    # Whether the configuration asks for this service at all (skipped, not even listed, if not).
-    wanted: Callable[[UpContext], bool] = _always
+    # Runs the service until the context exits; yields a one-line description (e.g. its URL),
+    # or None when the configuration does not call for it (it is then not listed).
+    run: Callable[[UpContext], AbstractAsyncContextManager[str | None]]
 
 
 @contextlib.asynccontextmanager
-async def _ingress(ctx: UpContext) -> AsyncIterator[str]:
-    app = IngressApp(ctx.config_path, bus_url=ctx.nats_url)
+async def _ingress(ctx: UpContext) -> AsyncIterator[str | None]:
+    app = IngressApp(ctx.config_path, nats_url=ctx.nats_url)
     server_cfg = ctx.config.server
     host = ctx.host or server_cfg.host
     port = server_cfg.port if ctx.port is None else ctx.port
@@ -82,13 +81,13 @@ async def _ingress(ctx: UpContext) -> AsyncIterator[str]:
         yield server.url
 
 
-def _gemini_wanted(ctx: UpContext) -> bool:
-    return ctx.config.gemini_context_cache.enabled
-
-
 @contextlib.asynccontextmanager
-async def _gemini_cache(ctx: UpContext) -> AsyncIterator[str]:
-    """The gemini-cache service in this process: memory state, or Redis when configured."""
+async def _gemini_cache(ctx: UpContext) -> AsyncIterator[str | None]:
+    """The gemini-cache service in this process (memory state, or Redis when configured), only
+    with gemini_context_cache.enabled."""
+    if not ctx.config.gemini_context_cache.enabled:
+        yield None
+        return
     from continuum_gemini_cache.app import GeminiCacheApp
 
     app = GeminiCacheApp(ctx.config, source=str(ctx.config_path), nats_url=ctx.nats_url)
@@ -99,10 +98,12 @@ async def _gemini_cache(ctx: UpContext) -> AsyncIterator[str]:
         await app.stop()
 
 
-# The services `up` runs, in start order (gemini-cache before the ingress, so the ingress's
-# first lookups find it). Issues 6/7 add: listener, indexer.
+# The services `up` runs, in start order (stopped in reverse); gemini-cache before the ingress,
+# so the ingress's first lookups find it.
 SERVICES: list[Service] = [
-    Service("gemini-cache", _gemini_cache, _gemini_wanted),
+    Service("listener", listener_service),
+    Service("indexer", indexer_service),
+    Service("gemini-cache", _gemini_cache),
     Service("ingress", _ingress),
 ]
 
@@ -150,6 +151,7 @@ async def up(
     stop: asyncio.Event | None = None,
     on_ready: Callable[[str], None] | None = None,
     state_dir: Path = STATE_DIR,
+    listener_config: str | None = None,
 ) -> None:
     if config_path is None and not demo:
         raise ConfigError("up needs --config FILE (or CONTINUUM_CONFIG), or --demo")
@@ -165,24 +167,28 @@ async def up(
             data = demo_config(
                 fleet.router_backends(), host=bind_host, port=_demo_port(bind_host) if port is None else port
             )
+            data.update(demo_kv_sections(state_dir))
             path = _write_yaml(state_dir / "demo-config.yaml", data)
         else:
             path = Path(config_path)
         config = load_router_config(path)
         nats_url = await stack.enter_async_context(_nats(config, state_dir))
-        ctx = UpContext(path, config, nats_url, state_dir, host, port, fleet)
+        listener_path = Path(listener_config) if listener_config else None
+        ctx = UpContext(path, config, nats_url, state_dir, host, port, fleet, listener_path)
         described: dict[str, str] = {}
         for service in SERVICES:
-            if not service.wanted(ctx):
-                continue
-            described[service.name] = await stack.enter_async_context(service.run(ctx))
-            log.info("%s: %s", service.name, described[service.name])
+            description = await stack.enter_async_context(service.run(ctx))
+            if description is not None:
+                described[service.name] = description
+                log.info("%s: %s", service.name, description)
         url = described["ingress"]
         if on_ready is not None:
             on_ready(url)
         else:
             model = demo_model(fleet) if fleet is not None else None
             engines = len(fleet.endpoints) if fleet is not None else 0
-            print(demo_banner(url, model=model, engines=engines, services=list(described)), flush=True)
+            token = str(state_dir / ADMIN_TOKEN_FILE) if fleet is not None else None
+            banner = demo_banner(url, model=model, engines=engines, services=list(described), admin_token_file=token)
+            print(banner, flush=True)
         await stop.wait()
         log.info("stopping: %s", ", ".join(reversed(described)))

@@ -6,8 +6,9 @@
   before its oldest record) gets every later record, then the live feed: nothing duplicated or
   skipped across a reconnect.
 * Any other consumer — new, or asking for an id the history no longer holds (older, or of another
-  epoch) — gets a *snapshot*: `cache_cleared`, then one appearance event per announced (prefix,
-  tier), the last of them carrying the id of the newest event, then the live feed. Snapshot
+  epoch) — gets a *snapshot*: `cache_cleared` (stamped one seq below the newest event), then one
+  appearance event per announced (prefix, tier) stamped with the newest event's (epoch, seq), the
+  last of them carrying its id, then the live feed. Snapshot
   records before the last have no id, so a consumer cut off mid-snapshot simply gets a new one.
 * Each consumer has a bounded queue. A consumer that falls `client_buffer` records behind is sent
   what is queued, then `event: buffer_overflow`, and the stream ends (seed: close, never drop
@@ -109,9 +110,13 @@ class SseHub:
                 if (epoch, seq) == last:
                     return [history[i][2] for i in range(index + 1, len(history))]
         announced, epoch, seq = self._state(backend)
+        # The appearance events carry the newest event's stamp (epoch, seq). A consumer applies
+        # `cleared` as "everything stamped at or below mine is gone", so the snapshot's `cleared`
+        # is stamped one below: it voids what the consumer knew before, not the restatement.
         cleared = KvEvent(
-            backend, epoch, seq, announced[0].ts if announced else 0.0, EventType.CLEARED, None, 0, Tier.GPU_HOT
-        )
+            backend, epoch, max(seq - 1, 0), announced[0].ts if announced else 0.0, EventType.CLEARED, None, 0,
+            Tier.GPU_HOT,
+        )  # fmt: skip
         records = [cleared, *announced]
         return [encode_event(e, with_id=i == len(records) - 1) for i, e in enumerate(records)]
 

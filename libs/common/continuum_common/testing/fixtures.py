@@ -5,6 +5,8 @@
   and the NATS fixture deletes every stream and KV bucket before each test.
 * `fresh_nats_server` / `fresh_redis_server`: a private process per test, for tests that kill,
   restart or reconfigure the server.
+* `redis_cluster`: a 3-primary Redis Cluster (RedisClusterServer) for the session, flushed
+  before each test that uses it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from continuum_common.procs import NatsServer, RedisServer
+from continuum_common.procs import NatsServer, RedisClusterServer, RedisServer
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -82,6 +84,21 @@ async def fresh_redis_server() -> AsyncIterator[RedisServer]:
     await server.start()
     yield server
     await server.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def _session_redis_cluster() -> AsyncIterator[RedisClusterServer]:
+    cluster = RedisClusterServer()
+    await cluster.start()
+    yield cluster
+    await cluster.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def redis_cluster(_session_redis_cluster: RedisClusterServer) -> RedisClusterServer:
+    """A 3-primary Redis Cluster shared by the session, flushed before each test."""
+    await _session_redis_cluster.flushall()
+    return _session_redis_cluster
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -336,9 +336,9 @@ class Forwarder:
                 chunk = raw if translator is None else translator.chunk(raw)
                 if not chunk:
                     continue
-                if recorder is not None:
-                    recorder.feed(chunk)
                 await channel.body(chunk, more=True)
+                if recorder is not None:  # a copy, after the client has it: never a delay
+                    recorder.feed(chunk)
             if translator is not None and (tail := translator.end()):
                 await channel.body(tail, more=True)
         except UpstreamError as exc:

@@ -39,14 +39,14 @@ class GeminiParts:
     cache: GeminiContextCache | None
 
 
-def build_gemini(config: RouterConfig, registry: CollectorRegistry, *, bus_url: str | None = None) -> GeminiParts:
-    """`bus_url` overrides `bus.url` (continuum-router up passes its embedded nats-server)."""
+def build_gemini(config: RouterConfig, registry: CollectorRegistry, *, nats_url: str | None = None) -> GeminiParts:
+    """`nats_url` overrides `bus.url` (continuum-router up passes its embedded nats-server)."""
     section = config.gemini_context_cache
     if not section.enabled:
         dialect = GeminiDialect(native=section.prefer_native_api, usage=None)
         return GeminiParts(dialect, (), (), admin_routes(None), None)
     metrics = GeminiMetrics(registry)
-    bus = GeminiBus(config.bus, metrics, url=bus_url, lookup_timeout_s=section.lookup_timeout_ms / 1000)
+    bus = GeminiBus(config.bus, metrics, url=nats_url, lookup_timeout_s=section.lookup_timeout_ms / 1000)
     cache = GeminiContextCache(section, bus, metrics)
     dialect = GeminiDialect(native=section.prefer_native_api, usage=cache)
     return GeminiParts(dialect, (cache,), (cache,), admin_routes(cache), cache)

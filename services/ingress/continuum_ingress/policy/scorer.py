@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from continuum_ingress.policy.strategies import CandidateView
 
@@ -36,6 +36,15 @@ class BackendScorer(Protocol):
 
     def score_with_tier(self, prefix_key: bytes, backend: str) -> tuple[float, HoldingTier]:
         """Score and holding tier from one read, so a concurrent prepare() cannot split them."""
+
+
+@runtime_checkable
+class DecisionObserver(Protocol):
+    """Optional for a scorer: told where a request with a prefix key went, after a KV-aware
+    decision or a PrefixAwareHash one (labels prefix_hash / overflow), e.g. to record a
+    speculative index entry before the engine's KV event arrives."""
+
+    def note_decision(self, prefix_key: bytes, backend: str, decision: Literal["kv_aware", "prefix_hash"]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,34 @@
+"""The KV cache index (Tier 4): which backend holds which prefix, in which tier, with how many
+tokens. Shared by the indexer (the writer) and the ingress (the reader; in embedded mode also
+the writer of its own InMemoryKvIndex). docs/kv-index.md describes the design.
+
+    from continuum_common.kvindex import KvIndex, KvHolder, InMemoryKvIndex, open_kv_index
+"""
+
+from continuum_common.kvindex.api import KvIndex, KvIndexWriter
+from continuum_common.kvindex.entry import TierPolicy
+from continuum_common.kvindex.factory import KvIndexStore, open_kv_index
+from continuum_common.kvindex.memory import InMemoryKvIndex
+from continuum_common.kvindex.types import (
+    ApplyReport,
+    BackendCounters,
+    ClearReport,
+    IndexStats,
+    KvHolder,
+    KvIndexError,
+)
+
+__all__ = [
+    "ApplyReport",
+    "BackendCounters",
+    "ClearReport",
+    "InMemoryKvIndex",
+    "IndexStats",
+    "KvHolder",
+    "KvIndex",
+    "KvIndexError",
+    "KvIndexStore",
+    "KvIndexWriter",
+    "TierPolicy",
+    "open_kv_index",
+]

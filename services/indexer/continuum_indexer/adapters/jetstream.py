@@ -1,0 +1,238 @@
+"""The JetStream pull consumer: fetch a batch, apply it, ack after the index write succeeded.
+
+* Durable (shared by every indexer replica: JetStream hands each message to one of them) or,
+  for the embedded memory mode, private and ephemeral, replaying the recent stream on start.
+* Explicit acks, `max_ack_pending` bounds what is in flight, unlimited redelivery.
+* Undecodable messages are counted, logged without their payload and terminated (never
+  redelivered, never blocking the stream). Bus events of backends configured for the SSE
+  transport are acked and skipped (one transport per backend).
+* An index failure naks the batch with a delay and backs off exponentially; the redelivered
+  events are applied idempotently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import APIError, BadRequestError, FetchTimeoutError
+
+from continuum_common.events import STREAM_NAME, SUBJECT_WILDCARD, KvEvent
+from continuum_common.kvindex import KvIndexError
+from continuum_indexer.adapters.pull import ConsumerGoneError, PullStream
+from continuum_indexer.config import ConsumerSettings
+from continuum_indexer.errors import DroppedEvent
+from continuum_indexer.feed import EventSink
+from continuum_indexer.metrics import EVENT_BUS_SOURCE
+from continuum_indexer.policy.backoff import Backoff
+from continuum_indexer.protocol.bus_messages import decode_bus_message
+from continuum_indexer.stats import SourceStats
+
+log = logging.getLogger("continuum.indexer.jetstream")
+_IDLE_ERRORS = (nats.errors.TimeoutError, FetchTimeoutError, asyncio.TimeoutError)
+
+
+class JetStreamConsumer:
+    def __init__(
+        self,
+        nc: NatsClient,
+        sink: EventSink,
+        settings: ConsumerSettings,
+        *,
+        skip_backends: frozenset[str] = frozenset(),
+        prepare: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.sink = sink
+        self.settings = settings
+        self.skip_backends = skip_backends
+        self.prepare = prepare  # run before every bind (the app makes sure the stream exists)
+        self._ever_connected = False
+        self.stats = SourceStats(EVENT_BUS_SOURCE, "event_bus")
+        self.ready = asyncio.Event()  # set once the consumer is bound
+        self._stopping = False
+        self._backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
+
+    def stop(self) -> None:
+        """Finish the batch in hand (apply + ack), then return from run()."""
+        self._stopping = True
+
+    def _consumer_config(self) -> ConsumerConfig:
+        s = self.settings
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=s.ack_wait_s,
+            max_ack_pending=s.max_ack_pending,
+            max_deliver=-1,
+            filter_subject=SUBJECT_WILDCARD,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+        if s.durable is None:
+            # private consumer of an embedded process: gone a minute after the process is
+            config.inactive_threshold = 60.0
+            if s.replay_seconds is not None:
+                config.deliver_policy = DeliverPolicy.BY_START_TIME
+                config.opt_start_time = datetime.now(UTC) - timedelta(seconds=s.replay_seconds)
+        return config
+
+    async def _subscribe(self) -> Any:
+        durable = self.settings.durable
+        for attempt in range(2):
+            try:
+                return await self.js.pull_subscribe(
+                    SUBJECT_WILDCARD, durable=durable, stream=STREAM_NAME, config=self._consumer_config()
+                )
+            except BadRequestError:
+                # another replica created the durable between our lookup and our create
+                if attempt or durable is None:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def run(self) -> None:
+        """Bind (creating the durable if needed), consume until stop(); when the consumer or
+        the stream disappears (deleted by an operator), bind again."""
+        while not self._stopping:
+            sub = await self._bind()
+            if sub is None:
+                return
+            try:
+                await self._consume(sub)
+            except ConsumerGoneError as exc:
+                delay = self._backoff.next()
+                log.warning("consumer gone (%s); binding again in %.1fs", exc.description or exc.code, delay)
+                await asyncio.sleep(delay)
+            finally:
+                self._set_connected(False)
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _bind(self) -> Any:
+        while not self._stopping:
+            try:
+                if self.prepare is not None:
+                    await self.prepare()
+                sub = await self._subscribe()
+            except (APIError, nats.errors.Error, OSError, *_IDLE_ERRORS) as exc:
+                delay = self._backoff.next()
+                log.warning(
+                    "cannot bind consumer on %s (%s); retrying in %.1fs", STREAM_NAME, type(exc).__name__, delay
+                )
+                await asyncio.sleep(delay)
+                continue
+            self._backoff.reset()
+            self.ready.set()
+            log.info("consuming %s as %s", STREAM_NAME, self.settings.durable or "an ephemeral consumer")
+            return sub
+        return None
+
+    async def _consume(self, sub: Any) -> None:
+        puller = PullStream(sub, batch=self.settings.batch)
+        # Up to `concurrency` batches are applied at once, so the next batch is pulled and
+        # decoded while Redis runs the previous one's scripts (order does not matter: see
+        # continuum_common.kvindex.entry).
+        slots = asyncio.Semaphore(self.settings.concurrency)
+        gone: ConsumerGoneError | None = None
+        async with asyncio.TaskGroup() as tg:  # waits for the batches in hand before leaving
+            while not self._stopping:
+                self._set_connected(self.nc.is_connected)
+                await slots.acquire()
+                try:
+                    msgs = await puller.next_batch(self.settings.idle_wait_s)
+                except ConsumerGoneError as exc:
+                    slots.release()
+                    gone = exc
+                    break
+                except (nats.errors.Error, APIError, OSError) as exc:
+                    slots.release()
+                    self._set_connected(False)
+                    delay = self._backoff.next()
+                    log.warning("pull failed (%s); retrying in %.1fs", type(exc).__name__, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                if not msgs:
+                    slots.release()
+                    continue
+                tg.create_task(self._handle_in_slot(msgs, slots))
+        if gone is not None:
+            raise gone
+        for msg in puller.leftovers():
+            await self._settle(msg.nak())
+
+    async def _handle_in_slot(self, msgs: list[Msg], slots: asyncio.Semaphore) -> None:
+        try:
+            await self.handle(msgs)
+        finally:
+            slots.release()
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected and not self.stats.connected and self._ever_connected:
+            self.stats.reconnect_count += 1
+            self.sink.metrics.reconnects.labels(EVENT_BUS_SOURCE).inc()
+        self._ever_connected = self._ever_connected or connected
+        self.stats.connected = connected
+        self.sink.metrics.connected.labels(EVENT_BUS_SOURCE).set(1 if connected else 0)
+
+    async def handle(self, msgs: list[Msg]) -> None:
+        """Decode, apply and settle one fetched batch."""
+        events: list[KvEvent] = []
+        to_ack: list[Msg] = []
+        for msg in msgs:
+            try:
+                event = decode_bus_message(msg.subject, msg.data)
+            except DroppedEvent as drop:
+                self._drop(msg, drop)
+                await self._settle(msg.term())
+                continue
+            if event.backend in self.skip_backends:
+                self.sink.dropped(event.backend, "not_bus_source")
+                await self._settle(msg.ack())
+                continue
+            events.append(event)
+            to_ack.append(msg)
+        self.stats.saw_events(len(msgs))
+        if not events:
+            return
+        self.sink.received_batch(events, "event_bus")
+        try:
+            await self.sink.apply(events)
+        except KvIndexError as exc:
+            delay = self._backoff.next()
+            log.warning("index write failed (%s); %d events naked, retry in %.1fs", exc, len(to_ack), delay)
+            for msg in to_ack:
+                await self._settle(msg.nak(delay=delay))
+            await asyncio.sleep(delay)
+            return
+        self._backoff.reset()
+        for msg in to_ack:
+            await self._settle(msg.ack())
+
+    def _drop(self, msg: Msg, drop: DroppedEvent) -> None:
+        self.stats.events_dropped += 1
+        self.sink.dropped(drop.backend, drop.reason)
+        meta = msg.metadata
+        # never the payload: only where it sat in the stream and why it was refused
+        log.warning(
+            "dropped bus event (%s) stream_seq=%s subject=%s size=%d: %s",
+            drop.reason,
+            meta.sequence.stream if meta and meta.sequence else "?",
+            msg.subject[:120],
+            len(msg.data),
+            drop,
+        )
+
+    async def _settle(self, op: Any) -> None:
+        """Ack/nak/term are fire-and-forget publishes; a lost one means a redelivery, which
+        the index absorbs, so a failure here is logged, not raised."""
+        try:
+            await op
+        except (nats.errors.Error, OSError) as exc:
+            log.debug("could not settle a message: %s", type(exc).__name__)

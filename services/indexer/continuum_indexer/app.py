@@ -1,0 +1,88 @@
+"""Composition root of `continuum-indexer`: builds the index, the NATS connection, the feeds
+(JetStream consumer, SSE sources, maintenance), the admin responder and the health/metrics
+server; owns the TaskGroup and the shutdown order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+
+from continuum_common.bus import connect, ensure_kv_stream
+from continuum_common.kvindex import KvIndexStore, open_kv_index
+from continuum_indexer.adapters.admin_nats import AdminResponder
+from continuum_indexer.adapters.http import HealthServer
+from continuum_indexer.config import IndexerSettings
+from continuum_indexer.feeds import IndexFeeds
+from continuum_indexer.metrics import EVENT_BUS_SOURCE, IndexerMetrics
+
+log = logging.getLogger("continuum.indexer")
+
+
+class IndexerApp:
+    def __init__(self, settings: IndexerSettings, index: KvIndexStore | None = None) -> None:
+        self.settings = settings
+        self.metrics = IndexerMetrics(settings.known_backends())
+        self._index = index
+        self.index: KvIndexStore | None = None
+        self.nc: NatsClient | None = None
+        self.feeds: IndexFeeds | None = None
+        self.http: HealthServer | None = None
+        self.started = asyncio.Event()  # set when every part runs (tests, `up`)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        feeds, nc = self.feeds, self.nc
+        bus = bool(nc is not None and nc.is_connected)
+        bound = bool(feeds is not None and feeds.consumer.ready.is_set())
+        index_ok = bool(feeds is not None and feeds.index_ok)
+        last = feeds.sink.last_apply_at if feeds is not None else None
+        return bus and bound and index_ok, {
+            "bus_connected": bus,
+            "consumer_bound": bound,
+            "index_ok": index_ok,
+            "seconds_since_last_apply": None if last is None else round(time.time() - last, 3),
+        }
+
+    async def run(self, stop: asyncio.Event) -> None:
+        cfg = self.settings.config
+        self.index = self._index or open_kv_index(cfg)
+        self.metrics.connected.labels(EVENT_BUS_SOURCE).set(0)
+        self.nc = await connect(cfg.bus, name="continuum-indexer", url=self.settings.nats_url)
+        responder: AdminResponder | None = None
+        try:
+            await ensure_kv_stream(self.nc.jetstream(), cfg.bus)
+            self.feeds = IndexFeeds(self.settings, self.index, self.nc, self.metrics)
+            responder = AdminResponder(self.nc, cfg.kv_cache_index, self.index, self.feeds, self.metrics)
+            await responder.start()
+            if self.settings.listen is not None:
+                host, port = self.settings.listen
+                self.http = HealthServer(host, port, self.metrics.registry, self.health)
+                await self.http.start()
+            async with asyncio.TaskGroup() as tg:
+                feeds_task = tg.create_task(self.feeds.run(), name="feeds")
+                self.started.set()
+                await stop.wait()
+                log.info("stopping: finishing the batch in hand")
+                self.feeds.stop()
+                await feeds_task
+        finally:
+            await self._close(responder)
+
+    async def _close(self, responder: AdminResponder | None) -> None:
+        if responder is not None:
+            await responder.close()
+        if self.http is not None:
+            await self.http.close()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5.0):
+                    await self.nc.drain()
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+        if self.index is not None:
+            await self.index.close()
+        log.info("stopped")

@@ -1,0 +1,56 @@
+"""Embedded memory mode (`kv_cache_index.backend: memory`): the ingress process feeds its own
+InMemoryKvIndex, with no indexer service and no Redis.
+
+    kv = EmbeddedKvIndex(config, nc, registry=ingress_registry)
+    tg.create_task(kv.run())          # in the ingress's TaskGroup
+    holders = await kv.index.query_many(prefixes)    # the scorer reads kv.index (a KvIndex)
+    ...
+    kv.stop()                         # at shutdown; run() returns after the batch in hand
+
+Each ingress replica has a private ephemeral JetStream consumer that first replays the last
+`entry_ttl_seconds` of the stream (so a restarted ingress rebuilds its index, as the seed's
+does from its SSE streams) and then follows it live; `transport: sse` sources are read
+directly. Nothing is shared between replicas: each holds the whole index.
+"""
+
+from __future__ import annotations
+
+from nats.aio.client import Client as NatsClient
+from prometheus_client import CollectorRegistry
+
+from continuum_common.bus import ensure_kv_stream
+from continuum_common.config.router import RouterConfig
+from continuum_common.kvindex import InMemoryKvIndex
+from continuum_indexer.config import ConsumerSettings, IndexerSettings
+from continuum_indexer.feeds import IndexFeeds
+from continuum_indexer.metrics import IndexerMetrics
+
+
+class EmbeddedKvIndex:
+    def __init__(
+        self,
+        config: RouterConfig,
+        nc: NatsClient,
+        *,
+        registry: CollectorRegistry | None = None,
+        maintenance_interval_s: float = 30.0,
+    ) -> None:
+        section = config.kv_cache_index
+        self.config = config
+        self.nc = nc
+        self.index = InMemoryKvIndex.from_config(section)
+        self.settings = IndexerSettings(
+            config=config,
+            consumer=ConsumerSettings(durable=None, replay_seconds=float(section.entry_ttl_seconds)),
+            listen=None,
+            maintenance_interval_s=maintenance_interval_s,
+        )
+        self.metrics = IndexerMetrics(self.settings.known_backends(), registry)
+        self.feeds = IndexFeeds(self.settings, self.index, nc, self.metrics)
+
+    async def run(self) -> None:
+        await ensure_kv_stream(self.nc.jetstream(), self.config.bus)
+        await self.feeds.run()
+
+    def stop(self) -> None:
+        self.feeds.stop()

@@ -1,0 +1,88 @@
+"""IndexFeeds: everything that moves events into one index — the JetStream consumer, the SSE
+sources and the periodic maintenance (TTL sweep, gauges). The indexer service runs it with a
+durable consumer; the ingress runs it in embedded memory mode with a private one (embedded.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from nats.aio.client import Client as NatsClient
+
+from continuum_common.bus import ensure_kv_stream
+from continuum_common.kvindex import KvIndexError, KvIndexWriter
+from continuum_indexer.adapters.jetstream import JetStreamConsumer
+from continuum_indexer.adapters.sse_source import SseSource
+from continuum_indexer.config import IndexerSettings
+from continuum_indexer.feed import EventSink
+from continuum_indexer.metrics import IndexerMetrics
+from continuum_indexer.stats import SourceStats
+
+log = logging.getLogger("continuum.indexer")
+
+
+class IndexFeeds:
+    def __init__(
+        self, settings: IndexerSettings, index: KvIndexWriter, nc: NatsClient, metrics: IndexerMetrics
+    ) -> None:
+        self.settings = settings
+        self.index = index
+        self.metrics = metrics
+        self.sink = EventSink(index, metrics)
+        self.consumer = JetStreamConsumer(
+            nc,
+            self.sink,
+            settings.consumer,
+            skip_backends=settings.sse_backends,
+            prepare=lambda: ensure_kv_stream(nc.jetstream(), settings.config.bus),
+        )
+        self.sse_sources = [SseSource(s, self.sink) for s in settings.sse_sources]
+        self.index_ok = True
+        self.last_maintenance_at: float | None = None
+        self._stop = asyncio.Event()
+
+    def source_stats(self) -> list[SourceStats]:
+        return [self.consumer.stats, *(s.stats for s in self.sse_sources)]
+
+    def stop(self) -> None:
+        """Stop fetching; the batch in hand is still applied and acked."""
+        self.consumer.stop()
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Run until stop() (then return) or cancellation."""
+        async with asyncio.TaskGroup() as tg:
+            consumer = tg.create_task(self.consumer.run(), name="jetstream-consumer")
+            others = [tg.create_task(s.run(), name=f"sse-{s.backend}") for s in self.sse_sources]
+            others.append(tg.create_task(self._maintenance(), name="index-maintenance"))
+            await self._stop.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.shutdown_grace_s):
+                    await asyncio.shield(consumer)
+            for task in (consumer, *others):
+                task.cancel()
+
+    async def _maintenance(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.maintenance_interval_s)
+            await self.maintain_once()
+
+    async def maintain_once(self) -> None:
+        try:
+            expired = await self.index.cleanup_expired()
+            stats = await self.index.stats()
+        except KvIndexError as exc:
+            self.index_ok = False
+            self.metrics.errors.labels("maintenance").inc()
+            log.warning("index maintenance failed: %s", exc)
+            return
+        self.index_ok = True
+        self.last_maintenance_at = time.time()
+        self.metrics.prefixes.set(stats.prefix_count)
+        self.metrics.entries.set(stats.entry_count)
+        self.metrics.evictions.set(stats.total_evictions)
+        if expired:
+            log.debug("swept %d expired index entries", expired)

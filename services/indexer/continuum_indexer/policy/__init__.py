@@ -1,0 +1,1 @@
+"""Pure decisions of the indexer (no I/O)."""

@@ -1,0 +1,1 @@
+"""Pure parsing of what arrives on the bus (no I/O)."""

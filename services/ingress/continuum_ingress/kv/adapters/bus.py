@@ -1,0 +1,97 @@
+"""The ingress's NATS I/O for Tier 4: the connection (made in the background, so an ingress
+starts and serves even while NATS is down), the indexer's admin request/reply
+(`continuum.indexer.admin.<verb>`) and the listener heartbeats (KV bucket
+`continuum_listeners`). Every call is bounded by `bus.request_timeout_ms`; a failure returns
+None / [] and is logged, never raised into an admin request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import orjson
+from nats.aio.client import Client as NatsClient
+
+from continuum_common.bus import connect_options
+from continuum_common.config.router import Bus
+from continuum_common.events import LISTENERS_BUCKET
+
+log = logging.getLogger("continuum.ingress.kv")
+
+ADMIN_SUBJECT_PREFIX = "continuum.indexer.admin."  # served by continuum_indexer.adapters.admin_nats
+MAX_HEARTBEATS = 4096
+
+
+async def connect_client(nc: NatsClient, cfg: Bus, *, url: str | None, name: str) -> None:
+    """Connect an existing client (nats-py retries the first connection for ever with the
+    shared options; run this in a task and cancel it to give up)."""
+    reported = False
+
+    async def _error(exc: Exception) -> None:
+        nonlocal reported
+        if not reported:  # one warning per outage, not one per attempt
+            log.warning("nats: %s (retrying in the background)", type(exc).__name__)
+            reported = True
+
+    async def _reconnected() -> None:
+        nonlocal reported
+        reported = False
+        log.info("nats: reconnected")
+
+    async def _noop() -> None:
+        return None
+
+    await nc.connect(
+        **connect_options(cfg, url=url, name=name),
+        error_cb=_error,
+        disconnected_cb=_noop,
+        reconnected_cb=_reconnected,
+    )
+
+
+class BusReader:
+    def __init__(self, nc: NatsClient, timeout_s: float) -> None:
+        self.nc = nc
+        self.timeout_s = timeout_s
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.nc.is_connected)
+
+    async def indexer(self, verb: str) -> dict[str, Any] | None:
+        """One indexer replica's answer to an admin verb, or None (no indexer, NATS down)."""
+        if not self.connected:
+            return None
+        try:
+            msg = await self.nc.request(ADMIN_SUBJECT_PREFIX + verb, b"{}", timeout=self.timeout_s)
+            body = orjson.loads(msg.data)
+        except Exception as exc:  # no responders, timeout, a broken answer
+            log.info("indexer admin %s: no answer (%s)", verb, type(exc).__name__)
+            return None
+        return body if isinstance(body, dict) else None
+
+    async def heartbeats(self) -> list[dict[str, Any]]:
+        """The live listener heartbeats (one per backend; entries expire with the bucket TTL)."""
+        if not self.connected:
+            return []
+        out: list[dict[str, Any]] = []
+        watcher: Any = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                kv = await self.nc.jetstream().key_value(LISTENERS_BUCKET)
+                watcher = await kv.watchall(ignore_deletes=True)
+                async for entry in watcher:
+                    if entry is None or len(out) >= MAX_HEARTBEATS:
+                        break  # None marks the end of the current values
+                    value = orjson.loads(entry.value or b"null")
+                    if isinstance(value, dict):
+                        out.append(value)
+        except Exception as exc:  # no bucket yet (no listener ever ran), timeout, bad value
+            log.debug("listener heartbeats: %s", type(exc).__name__)
+        finally:
+            if watcher is not None:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()
+        return out

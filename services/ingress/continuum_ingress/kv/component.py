@@ -1,0 +1,180 @@
+"""KvRouting: Tier 4 inside the ingress, as one `Component` (hooks.py).
+
+Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns:
+
+* the scorer (`KvOverlapScorer`), which the pipeline runs for requests with a prefix key, i.e.
+  exactly while `prefix_routing.enabled` (hot-reloadable) is also on, whatever the strategy;
+* the index it reads:
+  - `backend: memory`: continuum_indexer.embedded.EmbeddedKvIndex, an InMemoryKvIndex in this
+    process fed by a private JetStream consumer (it replays the last entry TTL of the stream,
+    then follows it) and by the `transport: sse` sources; no indexer process, no Redis;
+  - `backend: redis`: a RedisKvIndex used read-only (the indexer service writes it), on the
+    process's shared Redis client (`app.redis`, which the response cache uses too; followed
+    across hot-reload swaps), else on a client of its own;
+* a NATS connection, made in the background, for the embedded feed, the indexer's admin
+  request/reply and the listener heartbeats;
+* the admin routes `GET /admin/kv-index/stats`, `GET /admin/kv-index/backends`,
+  `POST /admin/kv-index/clear` (kv/admin.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from nats.aio.client import Client as NatsClient
+from prometheus_client import CollectorRegistry
+from starlette.routing import Route
+
+from continuum_common.config import RouterConfig
+from continuum_common.kvindex import KvIndex
+from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
+from continuum_common.redis_client import RedisClient
+from continuum_indexer.embedded import EmbeddedKvIndex
+from continuum_ingress.adapters.shared_redis import SharedRedis
+from continuum_ingress.kv.adapters.bus import BusReader, connect_client
+from continuum_ingress.kv.metrics import KvScorerMetrics
+from continuum_ingress.kv.scorer import KvOverlapScorer
+from continuum_ingress.kv.speculative import SpeculativeEntries
+from continuum_ingress.policy.kv_scoring import Weights
+
+log = logging.getLogger("continuum.ingress.kv")
+
+NATS_CLIENT_NAME = "continuum-ingress"
+STOP_GRACE_S = 5.0
+
+
+class KvRouting:
+    def __init__(
+        self,
+        config: RouterConfig,
+        registry: CollectorRegistry,
+        *,
+        nats_url: str | None = None,
+        redis: SharedRedis | None = None,
+        embedded_maintenance_s: float = 30.0,
+    ) -> None:
+        section = config.kv_cache_index
+        self.config = config
+        self.section = section
+        self.nats_url = nats_url
+        self.registry = registry
+        self.nc = NatsClient()
+        self.bus = BusReader(self.nc, config.bus.request_timeout_ms / 1000)
+        self.speculative = SpeculativeEntries(section.speculative_ttl_ms / 1000)
+        self.metrics = KvScorerMetrics(registry, lambda: float(len(self.speculative)))
+        self.scorer = KvOverlapScorer(
+            Weights.from_config(section.scoring),
+            speculative=self.speculative,
+            observe_query=self._observe_query,
+            on_speculative_route=self.metrics.speculative_routes.inc,
+        )
+        self.embedded: EmbeddedKvIndex | None = None
+        self.redis_index: RedisKvIndex | None = None
+        self._shared_redis = redis
+        self._owned_redis: RedisClient | None = None
+        self._embedded_maintenance_s = embedded_maintenance_s
+        self._task: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()  # the index is fed (memory) / NATS is connected (redis)
+
+    @property
+    def backend(self) -> str:
+        return self.section.backend
+
+    # ---- Component -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.backend == "memory":
+            # Built now so its metrics exist from the first scrape; it starts consuming once
+            # NATS is connected.
+            self.embedded = EmbeddedKvIndex(
+                self.config, self.nc, registry=self.registry, maintenance_interval_s=self._embedded_maintenance_s
+            )
+            self.scorer.index = self.embedded.index
+        else:
+            self.scorer.index = self._open_redis()
+        w = self.section.scoring
+        log.info(
+            "KV scorer on (%s index): overlap_weight=%g load_weight=%g health_weight=%g "
+            "min_overlap_threshold=%g gpu_tier_weight=%g storage_tier_weight=%g speculative_ttl_ms=%d",
+            self.backend, w.overlap_weight, w.load_weight, w.health_weight, w.min_overlap_threshold,
+            w.gpu_tier_weight, w.storage_tier_weight, self.section.speculative_ttl_ms,
+        )  # fmt: skip
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="kv-routing")
+
+    def _open_redis(self) -> KvIndex:
+        """Read-only use (query_many, and stats for admin): the indexer writes. On the process's
+        shared client, followed across hot-reload swaps; without one, on a client of its own."""
+        shared = self._shared_redis
+        client = shared.client if shared is not None else None
+        if client is None:
+            from continuum_common.redis_client import make_redis
+
+            connection = self.config.redis_connection()
+            assert connection is not None  # the schema requires one for backend: redis
+            client = self._owned_redis = make_redis(connection)
+        elif shared is not None:
+            shared.on_swap.append(self._swap_redis)
+        self.redis_index = RedisKvIndex.from_config(self.section, client)
+        return self.redis_index
+
+    def _swap_redis(self, client: RedisClient | None) -> None:
+        if client is None:  # the connection went away from the config: keep reading the old one
+            return
+        self.redis_index = RedisKvIndex.from_config(self.section, client)
+        self.scorer.index = self.redis_index
+
+    async def _run(self) -> None:
+        try:
+            await connect_client(self.nc, self.config.bus, url=self.nats_url, name=NATS_CLIENT_NAME)
+            log.info("KV routing connected to NATS")
+            if self.embedded is None:
+                self.ready.set()
+                return
+            consumer = self.embedded.feeds.consumer
+            watcher = asyncio.get_running_loop().create_task(consumer.ready.wait())
+            watcher.add_done_callback(lambda t: None if t.cancelled() else self.ready.set())
+            try:
+                await self.embedded.run()
+            finally:
+                watcher.cancel()
+        except Exception:  # the scorer keeps answering from what it has; requests fall back
+            log.exception("the KV index feed stopped")
+
+    def reload(self, config: RouterConfig) -> None:
+        """Nothing to do: kv_cache_index is restart-only (the config holder warns about a
+        change); prefix_routing.enabled, which gates the scorer, is read per request."""
+
+    async def aclose(self) -> None:
+        if self.embedded is not None:
+            self.embedded.stop()
+        task = self._task
+        if task is not None and not task.done():
+            if self.nc.is_connected:  # let the embedded feed finish the batch in hand
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(STOP_GRACE_S):
+                        await asyncio.shield(task)
+            task.cancel()  # still connecting (NATS down), or past the grace period
+            await asyncio.gather(task, return_exceptions=True)
+        await self.scorer.aclose()
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+        if self._owned_redis is not None:
+            with contextlib.suppress(Exception):
+                await self._owned_redis.aclose()
+
+    # ---- seams -----------------------------------------------------------------------------
+
+    def admin_routes(self) -> list[Route]:
+        from continuum_ingress.kv.admin import KvAdminEndpoints
+
+        return KvAdminEndpoints(self).routes()
+
+    def _observe_query(self, seconds: float, asked: int, held: int) -> None:
+        if seconds < 0:
+            self.metrics.query_errors.inc()
+            return
+        self.metrics.query_seconds.observe(seconds)
+        self.metrics.hits.inc(held)
+        self.metrics.misses.inc(asked - held)
