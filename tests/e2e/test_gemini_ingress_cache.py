@@ -192,3 +192,23 @@ async def test_a_stale_reference_is_resent_without_the_cache(stack: StackFactory
         await s.until(lambda stats: stats["stale"] == 1 and stats["entries"] == 0)
         await s.chat(system, "once more")
         await s.wait_creates(2)
+
+
+async def test_the_local_memo_spares_lookups_and_ensures(stack: StackFactory) -> None:
+    async with stack(lookup_memo_ms=60_000) as s:
+        system = system_prompt(12)
+        await s.chat(system)
+        await s.wait_creates(1)
+        await s.wait_stored(1)
+        # Remembered as "create in flight": no lookup, no second ensure, served uncached.
+        assert _cached(await s.chat(system, "again")) == 0
+        stats = await s.stats()
+        assert stats["lookups"] == {"hit": 0, "miss": 1, "negative": 0} and stats["ingress"]["memo_entries"] == 1
+        cache = s.ingress.app.gemini.cache
+        assert cache is not None
+        cache.memo.clear()
+        # One lookup finds the entry; the next request takes it from the memo.
+        assert _cached(await s.chat(system, "third")) > 0 and _cached(await s.chat(system, "fourth")) > 0
+        stats = await s.stats()
+        assert stats["lookups"]["hit"] == 1 and stats["hit"] == 2 and stats["miss"] == 2
+        assert s.fake.count(Op.CREATE) == 1
