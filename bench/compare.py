@@ -391,4 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable module's main, not this `__main__` copy: plugins import `bench.compare`
+    # and register their routers in that module's ROUTERS.
+    from bench.compare import main as _main
+
+    sys.exit(_main())
