@@ -50,16 +50,16 @@ async def _stop(proc: asyncio.subprocess.Process) -> int:
 
 
 async def _chat(url: str, model: str, *, stream: bool = False) -> tuple[str | None, str | None, bytes]:
-    oc = openai.AsyncOpenAI(api_key="sk-shared-tenant", base_url=f"{url}/v1", max_retries=0, timeout=10)
-    if stream:
-        async with oc.chat.completions.with_streaming_response.create(
-            model=model, messages=MESSAGES, max_tokens=8, stream=True
-        ) as r:
-            data = b"".join([c async for c in r.iter_bytes()])
-            return r.headers.get("x-cache"), r.headers.get("x-continuum-backend"), data
-    raw = await oc.chat.completions.with_raw_response.create(model=model, messages=MESSAGES, max_tokens=8)
-    raw.parse()
-    return raw.headers.get("x-cache"), raw.headers.get("x-continuum-backend"), raw.content
+    async with openai.AsyncOpenAI(api_key="sk-shared-tenant", base_url=f"{url}/v1", max_retries=0, timeout=10) as oc:
+        if stream:
+            async with oc.chat.completions.with_streaming_response.create(
+                model=model, messages=MESSAGES, max_tokens=8, stream=True
+            ) as r:
+                data = b"".join([c async for c in r.iter_bytes()])
+                return r.headers.get("x-cache"), r.headers.get("x-continuum-backend"), data
+        raw = await oc.chat.completions.with_raw_response.create(model=model, messages=MESSAGES, max_tokens=8)
+        raw.parse()
+        return raw.headers.get("x-cache"), raw.headers.get("x-continuum-backend"), raw.content
 
 
 @pytest.fixture

@@ -44,15 +44,15 @@ async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Pat
             models = [m["id"] for m in (await http.get(f"{url}/v1/models")).json()["data"]]
         assert models == ["continuum-sim-8b"]
         assert f'"model":"{models[0]}"' in banner
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         system = {"role": "system", "content": "You are terse. " * 20}
-        first = await client.chat.completions.create(
-            model=models[0], messages=[system, {"role": "user", "content": "Hello!"}], max_tokens=8
-        )
-        assert first.choices[0].message.content
-        again = await client.chat.completions.create(
-            model=models[0], messages=[system, {"role": "user", "content": "Again"}], max_tokens=8
-        )
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+            first = await client.chat.completions.create(
+                model=models[0], messages=[system, {"role": "user", "content": "Hello!"}], max_tokens=8
+            )
+            assert first.choices[0].message.content
+            again = await client.chat.completions.create(
+                model=models[0], messages=[system, {"role": "user", "content": "Again"}], max_tokens=8
+            )
         # Same system prompt -> same engine (PrefixAwareHash), whose prefix cache now holds it.
         assert again.usage is not None and again.usage.prompt_tokens_details is not None
         assert again.usage.prompt_tokens_details.cached_tokens > 0

@@ -72,8 +72,7 @@ async def _chat_stream(oc: openai.AsyncOpenAI, model: str) -> tuple[str | None, 
 
 async def test_miss_then_hit_non_stream_and_stream(fleet: SimFleet, store: dict[str, Any]) -> None:
     model = fleet.endpoints[0].model
-    async with running_ingress(cache_config(fleet.router_backends(), **store)) as ing:
-        oc = _openai(ing.url)
+    async with running_ingress(cache_config(fleet.router_backends(), **store)) as ing, _openai(ing.url) as oc:
         before = engine_requests(fleet)
         miss = await _chat(oc, model)
         assert miss[0] == "MISS" and miss[1] in {"sim-0", "sim-1"}
@@ -108,45 +107,48 @@ async def test_miss_then_hit_non_stream_and_stream(fleet: SimFleet, store: dict[
 
 async def test_completions_and_anthropic_messages_are_cached(fleet: SimFleet, redis_server: RedisServer) -> None:
     model = fleet.endpoints[0].model
-    async with running_ingress(cache_config(fleet.router_backends(), **_store("redis", redis_server))) as ing:
-        oc = _openai(ing.url)
+    async with (
+        running_ingress(cache_config(fleet.router_backends(), **_store("redis", redis_server))) as ing,
+        _openai(ing.url) as oc,
+    ):
         first = await oc.completions.with_raw_response.create(model=model, prompt="Once upon a time", max_tokens=4)
         await wait_entries(ing.url, 1)
         again = await oc.completions.with_raw_response.create(model=model, prompt="Once upon a time", max_tokens=4)
         assert (first.headers["x-cache"], again.headers["x-cache"]) == ("MISS", "HIT")
         assert again.content == first.content
 
-        ac = anthropic.AsyncAnthropic(api_key="sk-tenant-a", base_url=f"{ing.url}/anthropic", max_retries=0, timeout=15)
-        request: dict[str, Any] = {
-            "model": model,
-            "max_tokens": 8,  # no temperature: omitted is eligible (this SDK no longer sends one)
-            "system": SYSTEM,
-            "messages": [{"role": "user", "content": "hi"}],
-        }
-        msg = await ac.messages.with_raw_response.create(**request)
-        await wait_entries(ing.url, 2)
-        msg_hit = await ac.messages.with_raw_response.create(**request)
-        assert (msg.headers["x-cache"], msg_hit.headers["x-cache"]) == ("MISS", "HIT")
-        assert await msg_hit.read() == await msg.read()
-        assert (await msg_hit.parse()).content[0].text  # type: ignore[union-attr]
+        async with anthropic.AsyncAnthropic(
+            api_key="sk-tenant-a", base_url=f"{ing.url}/anthropic", max_retries=0, timeout=15
+        ) as ac:
+            request: dict[str, Any] = {
+                "model": model,
+                "max_tokens": 8,  # no temperature: omitted is eligible (this SDK no longer sends one)
+                "system": SYSTEM,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            msg = await ac.messages.with_raw_response.create(**request)
+            await wait_entries(ing.url, 2)
+            msg_hit = await ac.messages.with_raw_response.create(**request)
+            assert (msg.headers["x-cache"], msg_hit.headers["x-cache"]) == ("MISS", "HIT")
+            assert await msg_hit.read() == await msg.read()
+            assert (await msg_hit.parse()).content[0].text  # type: ignore[union-attr]
 
-        before = engine_requests(fleet)
-        streamed = []
-        for expected in ("MISS", "HIT"):
-            async with ac.messages.with_streaming_response.create(**request, stream=True) as response:
-                assert response.headers["x-cache"] == expected
-                streamed.append(b"".join([c async for c in response.iter_bytes()]))
-            await wait_entries(ing.url, 3)
-        assert streamed[0] == streamed[1] and streamed[0].rstrip().endswith(b'{"type":"message_stop"}')
-        async with ac.messages.stream(**request) as st:  # the SDK's stream helper on a replay
-            assert "".join([t async for t in st.text_stream])
-        assert engine_requests(fleet) == before + 1
+            before = engine_requests(fleet)
+            streamed = []
+            for expected in ("MISS", "HIT"):
+                async with ac.messages.with_streaming_response.create(**request, stream=True) as response:
+                    assert response.headers["x-cache"] == expected
+                    streamed.append(b"".join([c async for c in response.iter_bytes()]))
+                await wait_entries(ing.url, 3)
+            assert streamed[0] == streamed[1] and streamed[0].rstrip().endswith(b'{"type":"message_stop"}')
+            async with ac.messages.stream(**request) as st:  # the SDK's stream helper on a replay
+                assert "".join([t async for t in st.text_stream])
+            assert engine_requests(fleet) == before + 1
 
 
 async def test_bypass_tenants_and_output_shaping_fields(fleet: SimFleet) -> None:
     model = fleet.endpoints[0].model
-    async with running_ingress(cache_config(fleet.router_backends())) as ing:
-        oc = _openai(ing.url)
+    async with running_ingress(cache_config(fleet.router_backends())) as ing, _openai(ing.url) as oc:
         before = engine_requests(fleet)
         assert [(await _chat(oc, model, temperature=0.7))[0] for _ in range(2)] == ["BYPASS", "BYPASS"]
         assert engine_requests(fleet) == before + 2
@@ -154,8 +156,9 @@ async def test_bypass_tenants_and_output_shaping_fields(fleet: SimFleet) -> None
 
         # Tenants: another API key never sees tenant A's entry.
         assert (await _chat(oc, model))[0] == "MISS"
-        assert (await _chat(_openai(ing.url, "sk-tenant-b"), model))[0] == "MISS"
-        assert (await _chat(_openai(ing.url, "sk-tenant-b"), model))[0] == "HIT"
+        async with _openai(ing.url, "sk-tenant-b") as other_tenant:
+            assert (await _chat(other_tenant, model))[0] == "MISS"
+            assert (await _chat(other_tenant, model))[0] == "HIT"
         assert (await _chat(oc, model))[0] == "HIT"
 
         # Requests that differ only in one output-shaping field never share an entry.
@@ -175,8 +178,7 @@ async def test_bypass_tenants_and_output_shaping_fields(fleet: SimFleet) -> None
 
 async def test_a_hit_never_counts_in_routing_metrics(fleet: SimFleet) -> None:
     model = fleet.endpoints[0].model
-    async with running_ingress(cache_config(fleet.router_backends())) as ing:
-        oc = _openai(ing.url)
+    async with running_ingress(cache_config(fleet.router_backends())) as ing, _openai(ing.url) as oc:
         await _chat(oc, model)
         routed = await metric(ing.url, "continuum_prefix_routing_requests_total", strategy="prefix_hash")
         backend_calls = sum(
@@ -205,8 +207,10 @@ async def test_a_hit_never_counts_in_routing_metrics(fleet: SimFleet) -> None:
 
 async def test_admin_stats_and_invalidate(fleet: SimFleet, redis_server: RedisServer) -> None:
     model = fleet.endpoints[0].model
-    async with running_ingress(cache_config(fleet.router_backends(), **_store("redis", redis_server))) as ing:
-        oc = _openai(ing.url)
+    async with (
+        running_ingress(cache_config(fleet.router_backends(), **_store("redis", redis_server))) as ing,
+        _openai(ing.url) as oc,
+    ):
         await _chat(oc, model)
         await wait_entries(ing.url, 1)
         await _chat(oc, model)

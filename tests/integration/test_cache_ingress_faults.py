@@ -54,8 +54,7 @@ async def _until(predicate: Any, timeout: float = 5.0) -> None:
 async def test_interrupted_streams_are_not_cached() -> None:
     async with running_stubs("a") as stubs:
         stub = stubs[0].stub
-        async with running_ingress(cache_config(stub_backends(stubs))) as ing:
-            oc = _openai(ing.url)
+        async with running_ingress(cache_config(stub_backends(stubs))) as ing, _openai(ing.url) as oc:
             # The upstream breaks off after two events: the client gets an in-band error.
             stub.break_stream_after = 2
             with pytest.raises(openai.APIError):
@@ -89,8 +88,7 @@ async def test_interrupted_streams_are_not_cached() -> None:
 async def test_oversized_answers_are_served_but_not_stored() -> None:
     async with running_stubs("a") as stubs:
         cfg = cache_config(stub_backends(stubs), max_response_size=64, max_stream_buffer_size=200)
-        async with running_ingress(cfg) as ing:
-            oc = _openai(ing.url)
+        async with running_ingress(cfg) as ing, _openai(ing.url) as oc:
             assert [await _x_cache(oc) for _ in range(2)] == ["MISS", "MISS"]
             assert [await _x_cache(oc, stream=True) for _ in range(2)] == ["MISS", "MISS"]
             assert len(stubs[0].stub.requests) == 4
@@ -100,8 +98,7 @@ async def test_redis_killed_mid_run_falls_back_and_comes_back(fresh_redis_server
     redis_cfg = {"url": fresh_redis_server.url, "connect_timeout_ms": 300, "command_timeout_ms": 300}
     async with running_stubs("a") as stubs:
         cfg = cache_config(stub_backends(stubs), backend="redis", redis=redis_cfg)
-        async with running_ingress(cfg, cache_monitor_interval_s=0.2) as ing:
-            oc = _openai(ing.url)
+        async with running_ingress(cfg, cache_monitor_interval_s=0.2) as ing, _openai(ing.url) as oc:
             assert await _x_cache(oc) == "MISS"
             await wait_entries(ing.url, 1)
             assert await _x_cache(oc) == "HIT"
@@ -145,8 +142,7 @@ async def test_hot_reload_of_cache_fields_and_redis_connection(
     async with running_stubs("a") as stubs:
         backends = stub_backends(stubs)
         _write(path, cache_config(backends, backend="redis", redis={"url": redis_server.url}))
-        async with running_ingress(path, reload_interval=0) as ing:
-            oc = _openai(ing.url)
+        async with running_ingress(path, reload_interval=0) as ing, _openai(ing.url) as oc:
             assert await _x_cache(oc) == "MISS"
             await wait_entries(ing.url, 1)
             assert await _x_cache(oc) == "HIT"

@@ -44,9 +44,9 @@ async def fleet() -> AsyncIterator[SimFleet]:
 
 
 async def _ask(url: str, model: str, question: str, *, system: str = SYSTEM, key: str = "sk-a") -> tuple[Any, ...]:
-    oc = openai.AsyncOpenAI(api_key=key, base_url=f"{url}/v1", max_retries=0, timeout=15)
     messages: list[Any] = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    raw = await oc.chat.completions.with_raw_response.create(model=model, messages=messages, temperature=0)
+    async with openai.AsyncOpenAI(api_key=key, base_url=f"{url}/v1", max_retries=0, timeout=15) as oc:
+        raw = await oc.chat.completions.with_raw_response.create(model=model, messages=messages, temperature=0)
     raw.parse()
     assert raw.headers.get("x-continuum-backend") != "embedder"  # internal: never client traffic
     return raw.headers.get("x-cache"), raw.headers.get("x-cache-mode"), raw.content

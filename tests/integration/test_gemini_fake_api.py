@@ -4,7 +4,7 @@ accept the OpenAI-compatible endpoint's bodies and streams."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
 import openai
@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 from google import genai
 from google.genai import errors, types
+from google.genai.client import AsyncClient
 
 from continuum_common.testing.fake_gemini import FakeGemini, Op
 
@@ -33,12 +34,24 @@ async def fake() -> AsyncIterator[FakeGemini]:
         yield server
 
 
-def client(fake: FakeGemini, key: str = KEY) -> genai.Client:
-    return genai.Client(api_key=key, http_options=types.HttpOptions(base_url=fake.url, api_version="v1beta"))
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(fake: FakeGemini) -> AsyncIterator[Callable[..., AsyncClient]]:
+    """Makes SDK clients on the fake (one per API key) and closes them after the test."""
+    made: dict[str, AsyncClient] = {}
+
+    def make(key: str = KEY) -> AsyncClient:
+        if key not in made:
+            options = types.HttpOptions(base_url=fake.url, api_version="v1beta")
+            made[key] = genai.Client(api_key=key, http_options=options).aio
+        return made[key]
+
+    yield make
+    for sdk in made.values():
+        await sdk.aclose()
 
 
-async def test_sdk_cache_lifecycle(fake: FakeGemini) -> None:
-    g = client(fake).aio
+async def test_sdk_cache_lifecycle(fake: FakeGemini, client: Callable[..., AsyncClient]) -> None:
+    g = client()
     created = await g.caches.create(
         model=MODEL,
         config=types.CreateCachedContentConfig(system_instruction=BIG, ttl="300s", display_name="handbook"),
@@ -75,21 +88,21 @@ async def test_sdk_cache_lifecycle(fake: FakeGemini) -> None:
     assert info.value.message == "CachedContent not found (or permission denied)"
 
 
-async def test_sdk_sees_googles_errors(fake: FakeGemini) -> None:
-    g = client(fake).aio
+async def test_sdk_sees_googles_errors(fake: FakeGemini, client: Callable[..., AsyncClient]) -> None:
+    g = client()
     with pytest.raises(errors.ClientError) as info:
         await g.caches.create(model=MODEL, config=types.CreateCachedContentConfig(system_instruction="tiny", ttl="60s"))
     assert info.value.code == 400 and info.value.status == "INVALID_ARGUMENT"
     assert info.value.message == "Cached content is too small. total_token_count=1, min_total_token_count=1024"
     with pytest.raises(errors.ClientError) as info:
-        await client(fake, key="wrong").aio.caches.list()
+        await client("wrong").caches.list()
     assert info.value.code == 400 and "API key not valid" in (info.value.message or "")
     # A cache belongs to the key (project) that made it.
     mine = await g.caches.create(model=MODEL, config=types.CreateCachedContentConfig(system_instruction=BIG))
     with pytest.raises(errors.ClientError) as info:
-        await client(fake, key="other-key").aio.caches.get(name=mine.name or "")
+        await client("other-key").caches.get(name=mine.name or "")
     assert info.value.code == 403
-    empty = [c async for c in await client(fake, key="other-key").aio.caches.list()]
+    empty = [c async for c in await client("other-key").caches.list()]
     assert empty == []
     fake.inject(Op.GET, 503)
     with pytest.raises(errors.ServerError) as server_info:
@@ -98,8 +111,8 @@ async def test_sdk_sees_googles_errors(fake: FakeGemini) -> None:
     assert (await g.caches.get(name=mine.name or "")).name == mine.name  # one fault only
 
 
-async def test_sdk_generate_with_and_without_cache(fake: FakeGemini) -> None:
-    g = client(fake).aio
+async def test_sdk_generate_with_and_without_cache(fake: FakeGemini, client: Callable[..., AsyncClient]) -> None:
+    g = client()
     cache = await g.caches.create(model=MODEL, config=types.CreateCachedContentConfig(system_instruction=BIG))
     plain = await g.models.generate_content(model=MODEL, contents="hello there")
     assert plain.text == "This is a reply from the fake Gemini server."
@@ -134,8 +147,8 @@ async def test_sdk_generate_with_and_without_cache(fake: FakeGemini) -> None:
     assert info.value.code == 403
 
 
-async def test_sdk_stream_generate(fake: FakeGemini) -> None:
-    g = client(fake).aio
+async def test_sdk_stream_generate(fake: FakeGemini, client: Callable[..., AsyncClient]) -> None:
+    g = client()
     cache = await g.caches.create(model=MODEL, config=types.CreateCachedContentConfig(system_instruction=BIG))
     chunks = [
         c
@@ -171,8 +184,8 @@ async def test_stream_frames_on_the_wire(fake: FakeGemini) -> None:
         assert unknown.status_code == 404 and unknown.json()["error"]["status"] == "NOT_FOUND"
 
 
-async def test_openai_sdk_on_the_compat_endpoint(fake: FakeGemini) -> None:
-    g = client(fake).aio
+async def test_openai_sdk_on_the_compat_endpoint(fake: FakeGemini, client: Callable[..., AsyncClient]) -> None:
+    g = client()
     cache = await g.caches.create(model=MODEL, config=types.CreateCachedContentConfig(system_instruction=BIG))
     oc = openai.AsyncOpenAI(api_key=KEY, base_url=fake.openai_base_url, max_retries=0)
     plain = await oc.chat.completions.create(

@@ -203,10 +203,15 @@ async def test_bad_bodies_statuses_and_redirects_are_counted_and_polling_continu
 async def test_unreachable_endpoint_reports_disconnected_then_recovers() -> None:
     server = TrtllmServer()
     async with server:
-        url = f"{server.url}/kv_cache_events"
+        port = server.server.port
     # The server is gone: the poller backs off and reports the source as disconnected.
-    fresh = TrtllmServer()
-    async with rig(fresh, url=url) as (pipeline, _sink):
+    async with rig(server) as (pipeline, sink):
         await asyncio.sleep(0.3)
         assert not pipeline.stats.connected
         assert pipeline.metrics.sample("continuum_kv_listener_source_connected", {"backend": "trt"}) == 0
+        # An engine comes back on the same address: the poller reconnects and applies events.
+        async with TrtllmServer(listen=f"127.0.0.1:{port}") as back:
+            await push_and_wait(back, pipeline, [stored(1, None, [block(1, 16, salt=make_salt(SECRET, "trt", KEY))])])
+            assert sink.take() == [("created", "gpu_hot", 16)]
+            assert pipeline.stats.connected
+            assert pipeline.metrics.sample("continuum_kv_listener_source_connected", {"backend": "trt"}) == 1

@@ -32,12 +32,14 @@ async def http(fleet: SimFleet) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def oai(fleet: SimFleet) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(api_key="sk-test", base_url=fleet.endpoints[0].openai_base_url, max_retries=0)
+@pytest_asyncio.fixture(loop_scope="session")
+async def oai(fleet: SimFleet) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(api_key="sk-test", base_url=fleet.endpoints[0].openai_base_url, max_retries=0) as c:
+        yield c
 
 
-async def test_openai_chat_non_stream_reports_cached_tokens(fleet: SimFleet) -> None:
-    client = oai(fleet)
+async def test_openai_chat_non_stream_reports_cached_tokens(oai: openai.AsyncOpenAI) -> None:
+    client = oai
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is chapter one about?"}]
     first = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12)  # type: ignore[arg-type]
     assert first.object == "chat.completion"
@@ -54,8 +56,8 @@ async def test_openai_chat_non_stream_reports_cached_tokens(fleet: SimFleet) -> 
     assert again.choices[0].message.content == second.choices[0].message.content, "deterministic output"
 
 
-async def test_openai_chat_stream_with_include_usage(fleet: SimFleet) -> None:
-    client = oai(fleet)
+async def test_openai_chat_stream_with_include_usage(oai: openai.AsyncOpenAI) -> None:
+    client = oai
     stream = await client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Stream a short answer."}],
@@ -81,8 +83,8 @@ async def test_openai_chat_stream_with_include_usage(fleet: SimFleet) -> None:
     assert plain.choices[0].message.content == text
 
 
-async def test_openai_completions_models_and_embeddings(fleet: SimFleet) -> None:
-    client = oai(fleet)
+async def test_openai_completions_models_and_embeddings(oai: openai.AsyncOpenAI) -> None:
+    client = oai
     done = await client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5)
     assert done.choices[0].text and done.usage is not None and done.usage.completion_tokens == 5
     chunks = [
@@ -105,8 +107,14 @@ async def test_openai_completions_models_and_embeddings(fleet: SimFleet) -> None
     assert len(floats.data[0].embedding) == 64
 
 
-async def test_anthropic_messages_stream_and_non_stream(fleet: SimFleet) -> None:
-    client = anthropic.AsyncAnthropic(api_key="ak-test", base_url=fleet.urls[0], max_retries=0)
+@pytest_asyncio.fixture(loop_scope="session")
+async def anthropic_client(fleet: SimFleet) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    async with anthropic.AsyncAnthropic(api_key="ak-test", base_url=fleet.urls[0], max_retries=0) as c:
+        yield c
+
+
+async def test_anthropic_messages_stream_and_non_stream(anthropic_client: anthropic.AsyncAnthropic) -> None:
+    client = anthropic_client
     system = [{"type": "text", "text": SYSTEM}]
     msg = await client.messages.create(
         model=MODEL,

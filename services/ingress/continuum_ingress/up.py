@@ -100,12 +100,12 @@ async def _gemini_cache(ctx: UpContext) -> AsyncIterator[str | None]:
 
 # The services `up` runs, in start order (stopped in reverse); gemini-cache before the ingress,
 # so the ingress's first lookups find it.
-SERVICES: list[Service] = [
+SERVICES: tuple[Service, ...] = (
     Service("listener", listener_service),
     Service("indexer", indexer_service),
     Service("gemini-cache", _gemini_cache),
     Service("ingress", _ingress),
-]
+)
 
 
 @contextlib.asynccontextmanager

@@ -205,8 +205,8 @@ def chatml_decode(tokens: list[int]) -> str:
 
 
 class _Http:
-    def __init__(self, app: Starlette) -> None:
-        self.server = HttpServer(app, "127.0.0.1:0")
+    def __init__(self, app: Starlette, listen: str = "127.0.0.1:0") -> None:
+        self.server = HttpServer(app, listen)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -247,7 +247,7 @@ class DetokenizeServer(_Http):
 class TrtllmServer(_Http):
     """Serves queued bodies, then `[]` after `idle_wait` seconds (the real server waits 2 s)."""
 
-    def __init__(self, *, idle_wait: float = 0.05) -> None:
+    def __init__(self, *, idle_wait: float = 0.05, listen: str = "127.0.0.1:0") -> None:
         self.bodies: asyncio.Queue[tuple[int, bytes, dict[str, str]]] = asyncio.Queue()
         self.polls = 0
         self.idle_wait = idle_wait
@@ -260,7 +260,7 @@ class TrtllmServer(_Http):
                 return Response(b"[]", media_type="application/json")
             return Response(body, status, headers=headers, media_type="application/json")
 
-        super().__init__(Starlette(routes=[Route("/kv_cache_events", drain, methods=["POST"])]))
+        super().__init__(Starlette(routes=[Route("/kv_cache_events", drain, methods=["POST"])]), listen)
 
     def push(
         self, events: list[dict[str, Any]] | bytes, *, status: int = 200, headers: dict[str, str] | None = None
