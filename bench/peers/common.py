@@ -7,11 +7,13 @@ import asyncio
 import contextlib
 import shutil
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from bench.compare import FleetContext, process
 
 INSTALL_HINT = "pip install 'continuum-router[peers]'"
 
@@ -73,3 +75,35 @@ def metrics_path(work_dir: Path, name: str) -> Path:
     """A new file per run: `<name>.metrics.<n>.txt` (a router runs once per workload)."""
     n = len(list(work_dir.glob(f"{name}.metrics.*.txt"))) + 1
     return work_dir / f"{name}.metrics.{n}.txt"
+
+
+@contextlib.asynccontextmanager
+async def running_peer(
+    ctx: FleetContext,
+    name: str,
+    argv: Sequence[str],
+    *,
+    port: int,
+    metrics_port: int,
+    workers_path: str,
+    workers_ready: Callable[[Any, Sequence[str]], bool],
+    what: str,
+) -> AsyncIterator[str]:
+    """Start a peer router, wait until `GET <workers_path>` shows it has admitted exactly the
+    fleet's engines (listening is not enough: both peers register workers in the background),
+    yield its base URL, and keep its Prometheus page of the run when it is stopped."""
+    base = f"http://127.0.0.1:{port}"
+    expected = [e.url for e in ctx.endpoints]
+    async with process(list(argv), ctx.log(name)) as (proc, _):
+        async with httpx.AsyncClient(timeout=2) as client:
+
+            async def ready() -> bool:
+                if proc.returncode is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}; see {ctx.work_dir / name}.log")
+                return workers_ready(await get_json(client, base + workers_path), expected)
+
+            await poll(ready, f"{what} to admit {len(expected)} workers")
+        try:
+            yield base
+        finally:
+            await save_metrics(f"http://127.0.0.1:{metrics_port}/metrics", metrics_path(ctx.work_dir, name))

@@ -13,10 +13,8 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import httpx
-
-from bench.compare import FleetContext, process, router
-from bench.peers.common import get_json, metrics_path, peer_binary, poll, same_urls, save_metrics
+from bench.compare import FleetContext, router
+from bench.peers.common import peer_binary, running_peer, same_urls
 from continuum_sim import EngineEndpoints
 
 
@@ -58,21 +56,11 @@ def workers_ready(listing: Any, expected: Sequence[str]) -> bool:
 async def smg(ctx: FleetContext, name: str, policy: str) -> AsyncIterator[str]:
     port, metrics_port = ctx.free_port(), ctx.free_port()
     argv = smg_argv(peer_binary("smg"), ctx.endpoints, policy=policy, port=port, prometheus_port=metrics_port)
-    base = f"http://127.0.0.1:{port}"
-    expected = [e.url for e in ctx.endpoints]
-    async with process(argv, ctx.log(name)) as (proc, _):
-        async with httpx.AsyncClient(timeout=2) as client:
-
-            async def ready() -> bool:
-                if proc.returncode is not None:
-                    raise RuntimeError(f"smg exited with {proc.returncode}; see {ctx.work_dir / name}.log")
-                return workers_ready(await get_json(client, base + "/workers"), expected)
-
-            await poll(ready, f"smg ({policy}) to register {len(expected)} workers")
-        try:
-            yield base
-        finally:
-            await save_metrics(f"http://127.0.0.1:{metrics_port}/metrics", metrics_path(ctx.work_dir, name))
+    async with running_peer(
+        ctx, name, argv, port=port, metrics_port=metrics_port,
+        workers_path="/workers", workers_ready=workers_ready, what=f"smg ({policy})",
+    ) as base:  # fmt: skip
+        yield base
 
 
 @router("smg-cache-aware")

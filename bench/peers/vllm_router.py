@@ -15,10 +15,8 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
-import httpx
-
-from bench.compare import FleetContext, process, router
-from bench.peers.common import get_json, metrics_path, peer_binary, poll, same_urls, save_metrics
+from bench.compare import FleetContext, router
+from bench.peers.common import peer_binary, running_peer, same_urls
 from continuum_sim import EngineEndpoints
 
 Policy = Literal["cache_aware", "kv_aware"]
@@ -92,21 +90,11 @@ async def vllm_router(ctx: FleetContext, name: str, policy: Policy) -> AsyncIter
     argv = vllm_router_argv(
         peer_binary("vllm-router"), ctx.endpoints, policy=policy, port=port, prometheus_port=metrics_port
     )
-    base = f"http://127.0.0.1:{port}"
-    expected = [e.url for e in ctx.endpoints]
-    async with process(argv, ctx.log(name)) as (proc, _):
-        async with httpx.AsyncClient(timeout=2) as client:
-
-            async def ready() -> bool:
-                if proc.returncode is not None:
-                    raise RuntimeError(f"vllm-router exited with {proc.returncode}; see {ctx.work_dir / name}.log")
-                return workers_ready(await get_json(client, base + "/list_workers"), expected)
-
-            await poll(ready, f"vllm-router ({policy}) to admit {len(expected)} workers")
-        try:
-            yield base
-        finally:
-            await save_metrics(f"http://127.0.0.1:{metrics_port}/metrics", metrics_path(ctx.work_dir, name))
+    async with running_peer(
+        ctx, name, argv, port=port, metrics_port=metrics_port,
+        workers_path="/list_workers", workers_ready=workers_ready, what=f"vllm-router ({policy})",
+    ) as base:  # fmt: skip
+        yield base
 
 
 @router("vllm-router-cache-aware")
