@@ -203,7 +203,7 @@ async def test_bad_bodies_statuses_and_redirects_are_counted_and_polling_continu
 async def test_unreachable_endpoint_reports_disconnected_then_recovers() -> None:
     server = TrtllmServer()
     async with server:
-        port = server.server.port
+        port = server.server.port  # the EmbeddedServer's bound port
     # The server is gone: the poller backs off and reports the source as disconnected.
     async with rig(server) as (pipeline, sink):
         await asyncio.sleep(0.3)

@@ -1,8 +1,8 @@
 """Run an ASGI app under uvicorn as a task of the current event loop (no thread, no second
 loop), on a socket bound before start so port 0 gives a free port without a race.
 
-Used for small HTTP surfaces that live beside other work in one process: a service's
-`/metrics` + `/healthz`, and the fake provider servers of the test harness.
+Used for HTTP surfaces that live beside other work in one process: the listener's SSE feed,
+a service's `/metrics` + `/healthz`, and the fake servers of the test harnesses.
 """
 
 from __future__ import annotations
@@ -26,12 +26,15 @@ class _Server(uvicorn.Server):
 class EmbeddedServer:
     """`await start()` returns once the socket accepts connections; `await stop()` closes it."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, backlog: int = 2048, timeout_keep_alive: int = 5
+    ) -> None:
         self._app = app
-        self.host = host
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
+        self._sock.bind((self.host, port))
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
             app,
@@ -39,18 +42,38 @@ class EmbeddedServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=2,
+            backlog=backlog,
+            timeout_keep_alive=timeout_keep_alive,
         )
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """Where a local client reaches the server (a wildcard bind is reached on loopback)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def started(self) -> bool:
+        return self._server.started
+
+    async def serve(self) -> None:
+        """Serve until `request_stop()`, in the caller's task: for a composition root that owns
+        its tasks in a TaskGroup (`start()`/`stop()` manage a task of their own instead)."""
+        try:
+            await self._server.serve(sockets=[self._sock])
+        finally:
+            self._sock.close()
+
+    def request_stop(self) -> None:
+        self._server.should_exit = True
 
     async def start(self) -> None:
         if self._task is not None:
             return
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]), name=f"http:{self.port}")
+        self._task = asyncio.create_task(self.serve(), name=f"http:{self.port}")
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # raises the start-up error

@@ -24,12 +24,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from continuum_common.asgi_server import EmbeddedServer
 from continuum_common.config.listener import ListenerSource
 from continuum_common.events import KvEvent
 from continuum_common.tracing import Tracing
 from continuum_listener.adapters.detokenize import DetokenizeClient
 from continuum_listener.adapters.heartbeat import Heartbeat
-from continuum_listener.adapters.http_server import HttpServer, build_app
+from continuum_listener.adapters.http_server import build_app
 from continuum_listener.adapters.publisher import JetStreamPublisher
 from continuum_listener.adapters.trtllm_source import TrtllmSource
 from continuum_listener.adapters.zap import ZapHandler
@@ -76,7 +77,8 @@ class ListenerApp:
             self.pipelines[source.backend_name] = SourcePipeline(
                 source, self._pipeline_settings, self.metrics, sinks, self._resolver(source)
             )
-        self.http = HttpServer(build_app(self.hub, self.metrics, self.health), cfg.listen)
+        host, _, port = cfg.listen.rpartition(":")  # validated host:port
+        self.http = EmbeddedServer(build_app(self.hub, self.metrics, self.health), host, int(port))
         self.heartbeat = (
             Heartbeat(self.publisher, list(self.pipelines.values()), interval=heartbeat_interval)
             if self.publisher is not None
@@ -206,9 +208,9 @@ class ListenerApp:
                     spawn(background, self._supervise(), "supervisor")
                 if self.heartbeat is not None:
                     spawn(background, self.heartbeat.run(), "heartbeat")
-                http = tg.create_task(self.http.run(), name="http")
+                http = tg.create_task(self.http.serve(), name="http")
                 # uvicorn exposes readiness only as a flag.
-                while not self.http.server.started and not http.done():  # noqa: ASYNC110
+                while not self.http.started and not http.done():  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
                 log.info("listening on %s:%d with %d source(s)", self.http.host, self.http.port, len(self.pipelines))
                 self.started.set()
@@ -232,7 +234,7 @@ class ListenerApp:
         if self.publisher is not None:
             await self.publisher.close(DRAIN_DEADLINE_S)
         await _cancel(background)
-        self.http.stop()
+        self.http.request_stop()
         await http
         log.info("stopped in %.2fs", time.monotonic() - started)
 

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from continuum_listener.adapters.http_server import HttpServer
+from continuum_common.asgi_server import EmbeddedServer
 from continuum_listener.protocol.frames import END_SEQ
 
 ReplayShape = Literal["old", "new"]
@@ -206,24 +206,19 @@ def chatml_decode(tokens: list[int]) -> str:
 
 class _Http:
     def __init__(self, app: Starlette, listen: str = "127.0.0.1:0") -> None:
-        self.server = HttpServer(app, listen)
-        self._task: asyncio.Task[None] | None = None
+        host, _, port = listen.rpartition(":")
+        self.server = EmbeddedServer(app, host, int(port))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.port}"
+        return self.server.url
 
     async def __aenter__(self) -> _Http:
-        self._task = asyncio.create_task(self.server.run())
-        while not self.server.server.started:  # noqa: ASYNC110 (uvicorn readiness is a flag)
-            await asyncio.sleep(0.01)
+        await self.server.start()
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
-        self.server.server.force_exit = True
-        self.server.stop()
-        if self._task is not None:
-            await self._task
+        await self.server.stop()
 
 
 class DetokenizeServer(_Http):

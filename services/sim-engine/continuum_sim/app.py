@@ -18,8 +18,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from continuum_common.asgi_server import EmbeddedServer
 from continuum_sim.adapters.http_api import build_app
-from continuum_sim.adapters.http_server import HttpServer
 from continuum_sim.adapters.zmq_publisher import ZmqEventPublisher
 from continuum_sim.config import EngineConfig
 from continuum_sim.engine import SimEngine
@@ -81,7 +81,8 @@ class SimEngineServer:
         if config.kv_events.enabled:
             self.publisher = ZmqEventPublisher(config.kv_events, self.engine.metrics, zmq_context)
             self.engine.events = self.publisher
-        self.http = HttpServer(build_app(self.engine), config.host, config.port)
+        # Keep-alive longer than uvicorn's 5 s default: benchmark clients hold pooled connections.
+        self.http = EmbeddedServer(build_app(self.engine), config.host, config.port, timeout_keep_alive=30)
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -106,21 +107,26 @@ class SimEngineServer:
     async def start(self) -> None:
         if self.publisher is not None:
             await self.publisher.start()
-        await self.http.start()
-        self._tasks = [
-            asyncio.create_task(self.engine.run(), name=f"{self.config.name}-steps"),
-            asyncio.create_task(self.http.serve_until_stopped(), name=f"{self.config.name}-http"),
-        ]
+        http = asyncio.create_task(self.http.serve(), name=f"{self.config.name}-http")
+        self._tasks = [asyncio.create_task(self.engine.run(), name=f"{self.config.name}-steps"), http]
+        while not self.http.started:  # uvicorn exposes readiness only as a flag
+            if http.done():
+                http.result()  # raises the start-up error
+                raise RuntimeError(f"{self.config.name}: HTTP server stopped during start-up")
+            await asyncio.sleep(0.005)
 
     async def stop(self) -> None:
         self.http.request_stop()
-        await self.http.stop()
+        if self._tasks:
+            # uvicorn drains in-flight requests for up to its 2 s graceful timeout.
+            await asyncio.wait([self._tasks[-1]], timeout=5)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        await self.http.stop()  # closes the socket bound in __init__ even if start() never ran
         if self.publisher is not None:
             await self.publisher.close()
 

@@ -1,17 +1,14 @@
 """The listener's HTTP surface: `GET /events/{backend}` (SSE), `GET /healthz`, `GET /metrics`.
 
-Served by uvicorn inside the listener's own event loop; the app owns signals (SIGTERM drains),
-so uvicorn's signal capture is disabled.
+Served by `continuum_common.asgi_server.EmbeddedServer` inside the listener's own event loop;
+the app owns signals (SIGTERM drains).
 """
 
 from __future__ import annotations
 
-import contextlib
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -63,28 +60,3 @@ def build_app(hub: SseHub, metrics: ListenerMetrics, health: Callable[[], dict[s
         ],
         exception_handlers={404: not_found, 405: not_allowed},
     )
-
-
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # the listener app handles SIGTERM / SIGINT itself
-
-
-class HttpServer:
-    def __init__(self, app: Starlette, listen: str) -> None:
-        host, _, port = listen.rpartition(":")
-        self.host = host.strip("[]")
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind((self.host, int(port)))
-        self.port: int = self.socket.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2)
-        self.server = _Server(config)
-
-    async def run(self) -> None:
-        await self.server.serve(sockets=[self.socket])
-
-    def stop(self) -> None:
-        self.server.should_exit = True
