@@ -43,6 +43,9 @@ async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Pat
         async with httpx.AsyncClient() as http:
             models = [m["id"] for m in (await http.get(f"{url}/v1/models")).json()["data"]]
         assert models == ["continuum-sim-8b"]
+        # The README's "Try it" request names the model the demo serves.
+        readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+        assert re.findall(r'"model":"([^"]+)"', readme) == models
         assert f'"model":"{models[0]}"' in banner
         system = {"role": "system", "content": "You are terse. " * 20}
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
