@@ -27,7 +27,7 @@ import orjson
 
 from continuum_ingress.gemini.errors import ConversionError
 from continuum_ingress.gemini.protocol.response import google_error_fields, responses_usage, split_parts
-from continuum_ingress.gemini.protocol.sse import EventTooLarge, SseSplitter, event_data
+from continuum_ingress.gemini.protocol.sse import SseConverter, event_data
 
 _CHAT_ROLES = frozenset({"user", "assistant", "system", "developer"})
 _INCOMPLETE = {
@@ -235,19 +235,18 @@ def to_response(
 # --------------------------------------------------------------------------- stream
 
 
-class ResponsesStreamConverter:
+class ResponsesStreamConverter(SseConverter):
     """streamGenerateContent SSE -> Responses stream events (first candidate only: the
     Responses API has no `n`). `usage` is the last usage snapshot (for accounting)."""
 
     def __init__(self, *, request: Mapping[str, Any], created: int, fallback_id: str) -> None:
+        super().__init__()
         self.request = request
         self.created = created
         self.rid = fallback_id
         self.usage: Mapping[str, Any] | None = None
-        self.failed = False
         self._seq = 0
         self._started = False
-        self._splitter = SseSplitter()
         self._output: list[dict[str, Any]] = []
         self._text: str | None = None  # the open message item's text so far
         self._reason: Mapping[str, Any] | None = None
@@ -279,19 +278,10 @@ class ResponsesStreamConverter:
         error = {"message": message, "type": "api_error", "code": status.lower() or None}
         return self._event("error", code=error["code"], message=message, param=None, error=error)
 
-    def feed(self, data: bytes) -> bytes:
-        if self.failed:
-            return b""
-        try:
-            events = self._splitter.feed(data)
-        except EventTooLarge:
-            return self._fail(None, "UNAVAILABLE", "The Gemini stream sent an oversized event.")
-        return b"".join(self._gemini(e) for e in events)
-
     def finish(self) -> bytes:
         if self.failed:
             return b""
-        out = self._gemini(self._splitter.rest())
+        out = self._convert_rest()
         if self.failed:
             return out
         out = self._start() + out + self._close_text()
@@ -299,7 +289,7 @@ class ResponsesStreamConverter:
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + self._event(kind, response=self._envelope(status, incomplete))
 
-    def _gemini(self, event: bytes) -> bytes:
+    def _convert(self, event: bytes) -> bytes:
         data = event_data(event) if event.strip() else None
         if data is None:
             return b""

@@ -60,3 +60,32 @@ def event_data(event: bytes) -> bytes | None:
     if not lines:
         return None
     return b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:] for line in lines)
+
+
+class SseConverter:
+    """The chunking half of a Gemini-stream converter: bytes in, whole events to `_convert`,
+    converted bytes out. A subclass converts one event and says how it fails; after a failure
+    (an oversized event, or a Google error in the stream) it emits nothing more."""
+
+    def __init__(self) -> None:
+        self.failed = False
+        self._splitter = SseSplitter()
+
+    def _convert(self, event: bytes) -> bytes:
+        raise NotImplementedError
+
+    def _fail(self, code: int | None, status: str, message: str) -> bytes:
+        raise NotImplementedError
+
+    def feed(self, data: bytes) -> bytes:
+        if self.failed:
+            return b""
+        try:
+            events = self._splitter.feed(data)
+        except EventTooLarge:
+            return self._fail(None, "UNAVAILABLE", "The Gemini stream sent an oversized event.")
+        return b"".join(self._convert(e) for e in events)
+
+    def _convert_rest(self) -> bytes:
+        """The last, unterminated event at the end of the stream."""
+        return self._convert(self._splitter.rest())

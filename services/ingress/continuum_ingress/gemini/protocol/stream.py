@@ -29,7 +29,7 @@ from continuum_ingress.gemini.protocol.response import (
     split_parts,
     tool_call,
 )
-from continuum_ingress.gemini.protocol.sse import EventTooLarge, SseSplitter, event_data
+from continuum_ingress.gemini.protocol.sse import SseConverter, event_data
 
 DONE = b"data: [DONE]\n\n"
 
@@ -38,36 +38,26 @@ def frame(obj: Mapping[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-class ChatStreamConverter:
+class ChatStreamConverter(SseConverter):
     """Stateful and pure: `feed(bytes) -> bytes` as the upstream stream arrives, `finish()` at its
     clean end. `usage` is the last usage snapshot seen (for accounting)."""
 
     def __init__(self, *, model: str, created: int, fallback_id: str, include_usage: bool) -> None:
+        super().__init__()
         self.model = model
         self.created = created
         self.id = f"chatcmpl-{fallback_id}"
         self.include_usage = include_usage
         self.usage: Mapping[str, Any] | None = None
-        self.failed = False
-        self._splitter = SseSplitter()
         self._started: set[int] = set()
         self._finished: set[int] = set()
         self._calls: dict[int, int] = {}  # candidate index -> tool calls sent so far
         self._id_fixed = False
 
-    def feed(self, data: bytes) -> bytes:
-        if self.failed:
-            return b""
-        try:
-            events = self._splitter.feed(data)
-        except EventTooLarge:
-            return self._fail(None, "UNAVAILABLE", "The Gemini stream sent an oversized event.")
-        return b"".join(self._event(e) for e in events)
-
     def finish(self) -> bytes:
         if self.failed:
             return b""
-        out = self._event(self._splitter.rest())
+        out = self._convert_rest()
         if self.failed:
             return out
         if self.include_usage and self.usage is not None:
@@ -92,7 +82,7 @@ class ChatStreamConverter:
         self.failed = True
         return frame(openai_error(code, status, message))
 
-    def _event(self, event: bytes) -> bytes:
+    def _convert(self, event: bytes) -> bytes:
         data = event_data(event) if event.strip() else None
         if data is None or data.strip() == b"[DONE]":
             return b""
