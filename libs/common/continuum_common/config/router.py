@@ -98,13 +98,42 @@ class ResponseCache(Section):
         return value
 
 
+class CostModel(Section):
+    """Parameters of the default scorer (`scoring.model: cost`, docs/kv-scorer.md): estimated
+    time to first token on each candidate, under the CHWBL load bound."""
+
+    # Uncached prompt tokens one backend prefills per second (sets the weight of the queue
+    # against the in-flight term; only ratios matter for the choice).
+    prefill_tokens_per_second: float = Field(10_000.0, gt=0.0, le=1e9)
+    # Extra delay each request already running on the backend adds to a new request's first
+    # token (decode steps interleaved with the prefill), in milliseconds.
+    per_request_ms: float = Field(2.0, ge=0.0, le=60_000.0)
+    # A token held only in a storage tier costs this fraction of recomputing it (the copy back).
+    storage_token_cost: float = Field(0.25, ge=0.0, le=1.0)
+    # Cache affinity never pushes a backend beyond ceil((1 + epsilon) * mean in-flight); None
+    # takes prefix_routing.load_factor_epsilon.
+    load_factor_epsilon: float | None = Field(None, ge=0.01, le=10.0)
+
+
 class Scoring(Section):
+    # `cost` (default): longest matched prefix per backend against its load, as estimated time
+    # to first token under the CHWBL bound. `seed`: the seed's composite formula below.
+    model: Literal["cost", "seed"] = "cost"
     overlap_weight: float = Field(0.6, ge=0.0, le=1.0)
     load_weight: float = Field(0.3, ge=0.0, le=1.0)
     health_weight: float = Field(0.1, ge=0.0, le=1.0)
     min_overlap_threshold: float = Field(0.3, ge=0.0, le=1.0)
     gpu_tier_weight: float = Field(1.0, ge=0.0, le=10.0)
     storage_tier_weight: float = Field(0.6, ge=0.0, le=10.0)
+    cost: CostModel = CostModel()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_shorthand(cls, data: object) -> object:
+        # `scoring: seed` / `scoring: cost` is accepted for `scoring: {model: ...}`.
+        if isinstance(data, str):
+            return {"model": data}
+        return data
 
     @model_validator(mode="after")
     def _weights_sum_to_one(self) -> Self:
@@ -158,15 +187,78 @@ class SaltEcho(Section):
         return self
 
 
+MatchMode = Literal["precise", "approximate", "prefix_key"]
+
+
+class ApproximateMatching(Section):
+    """`mode: approximate`: the rendered conversation in fixed-size text chunks, chained hashes,
+    recorded per backend when a request is routed there (no tokenizer, no engine events)."""
+
+    chunk_bytes: int = Field(256, ge=16, le=65_536)
+    # How long a routed prefix is assumed to stay cached without being routed again.
+    ttl_seconds: int = Field(600, ge=1, le=86_400)
+    # Tokens each backend is assumed to cache; the least recently routed chunks beyond it are
+    # forgotten. None: learn it from the backend's KV events where they exist, else unbounded
+    # (TTL only).
+    capacity_tokens: int | None = Field(None, ge=1, le=1 << 40)
+    # Bytes per token when no tokenizer counts them (the load model's prompt-length estimate).
+    bytes_per_token: float = Field(4.0, gt=0.0, le=64.0)
+
+
+class MatchGroup(Section):
+    """Backends that share a tokenizer and a block hashing scheme, and how the ingress turns a
+    request into block hashes for them (docs/kv-scorer.md, "Matching modes")."""
+
+    name: SourceId
+    # Members: the named backends, plus every backend serving one of `models`.
+    backends: list[str] = []
+    models: list[str] = []
+    mode: MatchMode = "approximate"
+    # precise mode: the engine whose block hashes the ingress recomputes.
+    engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
+    block_size: int = Field(16, ge=1, le=4096)
+    # vLLM's PYTHONHASHSEED (its NONE_HASH seed). Required for precise vLLM groups: without it
+    # vLLM seeds its hashes randomly and no one else can recompute them.
+    hash_seed: str | None = None
+    vllm_hash_algo: Literal["sha256_cbor", "sha256"] = "sha256_cbor"
+    # Local tokenizer: a Hugging Face tokenizer.json and a Jinja2 chat template (a file with the
+    # template text, or a tokenizer_config.json carrying `chat_template`). Without `tokenizer`,
+    # precise mode asks the backend's `tokenize_path` for the token ids.
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    tokenize_path: str = "/tokenize"
+    tokenize_timeout_ms: int = Field(200, ge=1, le=60_000)
+    approximate: ApproximateMatching = ApproximateMatching()
+
+    @model_validator(mode="after")
+    def _members_and_seed(self) -> Self:
+        if not self.backends and not self.models:
+            raise ValueError("@backends: a match group needs backends or models")
+        if self.mode == "precise" and self.engine == "vllm" and self.hash_seed is None:
+            raise ValueError("@hash_seed: precise matching of vLLM needs the engines' PYTHONHASHSEED")
+        if self.chat_template and not self.tokenizer:
+            raise ValueError("@chat_template: needs a tokenizer")
+        return self
+
+
 class KvCacheIndex(Section):
     enabled: bool = False
     backend: Literal["memory", "redis"] = "memory"
     max_entries: int = Field(100_000, ge=100, le=10_000_000)
     entry_ttl_seconds: int = Field(600, ge=1, le=86_400)
     key_prefix: KeyPrefix = "cr:kvidx:"
-    # Provisional (prefix, backend) entries recorded right after a routing decision so a burst
-    # with a new prefix sticks before the engine's event arrives. 0 disables.
-    speculative_ttl_ms: int = Field(2000, ge=0, le=60_000)
+    # Provisional entries recorded right after a routing decision so a burst with a new prefix
+    # sticks before the engine's event arrives (and, over NATS, on every ingress replica).
+    # 0 disables.
+    speculative_ttl_ms: int = Field(10_000, ge=0, le=600_000)
+    # How requests are matched against what each backend holds, per group of backends; a
+    # backend in no group uses `default_mode` (with approximate settings of `approximate`).
+    default_mode: MatchMode = "approximate"
+    approximate: ApproximateMatching = ApproximateMatching()
+    groups: list[MatchGroup] = []
+    # Share routing decisions (speculative entries, approximate records) with the other
+    # ingress replicas over NATS.
+    share_decisions: bool = True
     scoring: Scoring = Scoring()
     storage_offloading: StorageOffloading = StorageOffloading()
     salt_echo: SaltEcho = SaltEcho()
@@ -174,10 +266,17 @@ class KvCacheIndex(Section):
 
     @model_validator(mode="after")
     def _unique_sources(self) -> Self:
+        problems: list[str] = []
         names = [s.backend_name for s in self.event_sources]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"@event_sources: {', '.join(dupes)} is listed more than once")
+            problems.append(f"@event_sources: {', '.join(dupes)} is listed more than once")
+        groups = [g.name for g in self.groups]
+        problems.extend(
+            f"@groups: name {n!r} is used more than once" for n in sorted({n for n in groups if groups.count(n) > 1})
+        )
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
 
@@ -353,6 +452,7 @@ class RouterConfig(Section):
                 problems.append(f"@response_cache.semantic.backend: {sem.backend!r} is not a configured backend")
             elif not target.enabled:
                 problems.append(f"@response_cache.semantic.backend: {sem.backend!r} is disabled (enabled: false)")
+        problems.extend(self._group_problems())
         needs_redis = [
             path
             for path, backend in (
@@ -369,6 +469,31 @@ class RouterConfig(Section):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def _group_problems(self) -> list[str]:
+        known = {b.name for b in self.backends}
+        owner: dict[str, str] = {}
+        problems: list[str] = []
+        for i, group in enumerate(self.kv_cache_index.groups):
+            for name in group.backends:
+                if name not in known:
+                    problems.append(f"@kv_cache_index.groups.{i}.backends: {name!r} is not a configured backend")
+            for b in self.backends:
+                if b.name in group.backends or set(b.models) & set(group.models):
+                    if b.name in owner and owner[b.name] != group.name:
+                        problems.append(
+                            f"@kv_cache_index.groups.{i}: backend {b.name!r} is already in group {owner[b.name]!r}"
+                        )
+                    owner.setdefault(b.name, group.name)
+        return problems
+
+    def match_group_of(self, backend: str) -> MatchGroup | None:
+        """The match group a backend belongs to (by name, then by a model it serves)."""
+        spec = next((b for b in self.backends if b.name == backend), None)
+        for group in self.kv_cache_index.groups:
+            if backend in group.backends or (spec is not None and set(spec.models) & set(group.models)):
+                return group
+        return None
 
     def redis_connection(self) -> Redis | ResponseCacheRedis | None:
         """The Redis connection every component shares: the top-level `redis` section, else the

@@ -1,0 +1,1 @@
+"""Bus contracts: what services send each other over NATS, with their codecs (pure, no I/O)."""
