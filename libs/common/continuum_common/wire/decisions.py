@@ -1,0 +1,55 @@
+"""Routing decisions shared between ingress replicas (core NATS, subject `continuum.kv.decisions`).
+
+Each replica publishes, for every request it routes with the KV scorer, the chain of keys it
+sent and where; every other replica records it as if it had routed the request itself
+(approximate records, precise-mode speculative entries), so N replicas keep conversations
+together as one router would. Fire and forget: a lost message costs at most one less sticky
+decision. msgpack via msgspec, a tagged array:
+
+    [replica, group, backend, kind, ts, keys]
+
+`kind` 0 = speculative block entry (precise mode), 1 = approximate chunk record.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+import msgspec
+
+from continuum_common.errors import ContinuumError
+
+SUBJECT: Final = "continuum.kv.decisions"
+KIND_SPECULATIVE: Final = 0
+KIND_APPROXIMATE: Final = 1
+MAX_KEYS: Final = 1 << 17
+
+_U64 = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class DecisionDecodeError(ContinuumError, ValueError):
+    """A decision message that cannot be used (counted and dropped)."""
+
+
+class Decision(msgspec.Struct, array_like=True, frozen=True):
+    replica: str
+    group: str
+    backend: str
+    kind: Annotated[int, msgspec.Meta(ge=0, le=1)]
+    ts: float
+    keys: Annotated[list[_U64], msgspec.Meta(max_length=MAX_KEYS)]
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Decision)
+
+
+def encode_decision(decision: Decision) -> bytes:
+    return _encoder.encode(decision)
+
+
+def decode_decision(payload: bytes) -> Decision:
+    try:
+        return _decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecisionDecodeError(f"undecodable decision: {exc}") from None
