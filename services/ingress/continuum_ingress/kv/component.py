@@ -245,6 +245,7 @@ class KvRouting:
             await asyncio.gather(task, return_exceptions=True)
         await self.prefix_scorer.aclose()
         await self.block_reads.aclose()
+        await self.selector.aclose()
         with contextlib.suppress(Exception):
             await self.nc.close()
         if self._owned_redis is not None:

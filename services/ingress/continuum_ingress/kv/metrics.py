@@ -40,6 +40,12 @@ class KvScorerMetrics:
             ["group", "reason"],
             registry=r,
         )
+        self.tokenizer_audits = Counter(
+            "continuum_kv_tokenizer_audits",
+            "Background checks of a precise group's local tokenizer against an engine's /tokenize",
+            ["group", "result"],
+            registry=r,
+        )
         self.block_read_errors = Counter(
             "continuum_kv_block_index_read_errors",
             "Block index reads that failed or were skipped after a recent failure",

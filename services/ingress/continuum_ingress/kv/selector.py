@@ -33,6 +33,7 @@ from continuum_common.kvindex.types import KvIndexError
 from continuum_common.ring import RouteLabel
 from continuum_common.wire.decisions import KIND_APPROXIMATE, KIND_SPECULATIVE, Decision
 from continuum_ingress.kv.adapters.tokenize import TokenizeFailed, remote_tokens
+from continuum_ingress.kv.audit import TokenizerAudit
 from continuum_ingress.kv.block_reads import BlockReads
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, build_groups
 from continuum_ingress.kv.scorer import KvOverlapScorer
@@ -93,6 +94,11 @@ class KvSelector:
         self.share: Callable[[Decision], None] | None = None  # set once NATS is connected
         self.share_decisions = section.share_decisions
         self.kv_aware_by_backend: Counter[str] = Counter()
+        self.audits = {
+            g.name: TokenizerAudit(g, lambda group, result: metrics.tokenizer_audits.labels(group, result).inc())
+            for g in self.groups.values()
+            if g.encoder is not None
+        }
         self.timeout_s = 0.1 + max(
             (g.config.tokenize_timeout_ms / 1000 for g in self.groups.values() if g.config is not None), default=0.0
         )
@@ -142,10 +148,15 @@ class KvSelector:
             return group.approximate_keys(state, "disabled")
         if group.encoder is not None:
             try:
-                return group.local_keys(state)
+                keys = group.local_keys(state)
             except Exception as exc:  # TokenizationError, or anything the template raised
                 log.warning("local tokenizer failed for group %s: %s", group.name, type(exc).__name__)
                 return group.approximate_keys(state, "tokenizer_error")
+            audit = self.audits.get(group.name)
+            client = snapshot.clients.get(members[0].name)
+            if audit is not None and client is not None and audit.due():
+                audit.start(client, api=state.api, body=state.request.body, model=state.model, expected=keys.chain)
+            return keys
         cfg = group.config
         assert cfg is not None
         client = snapshot.clients.get(members[0].name)
@@ -285,6 +296,10 @@ class KvSelector:
         group.memory.wipe(backend)
         if group.fallback_memory is not None:
             group.fallback_memory.wipe(backend)
+
+    async def aclose(self) -> None:
+        for audit in self.audits.values():
+            await audit.aclose()
 
     def clear(self) -> None:
         for group in self.groups.values():
