@@ -247,8 +247,7 @@ class InMemoryBlockIndex:
                 block, old = present.popitem(last=False)
                 self._unown(owners, block, bit)
                 tier.tombs[block] = old  # an evicted block's store stays stale if redelivered
-                if old > backend.tmax:
-                    backend.tmax = old
+                backend.tmax = max(backend.tmax, old)
 
     def _remove(self, backend: _Backend, t: int, hashes: Sequence[int], st: int, report: BlockApplyReport) -> None:
         tier = backend.tiers[t]
