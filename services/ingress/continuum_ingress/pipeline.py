@@ -127,7 +127,7 @@ class SelectionPipeline:
         if best is None:
             self.metrics.kv_decision("fallback", HoldingTier.NONE)
             return None
-        self.metrics.kv_decision("kv_aware", best.tier, best.overlap)
+        self.metrics.kv_decision("placed" if best.placed else "kv_aware", best.tier, best.overlap)
         backend = self.pool.get(best.backend)
         assert backend is not None  # candidates come from the pool
         selector.note(state, backend, kv_aware=True)

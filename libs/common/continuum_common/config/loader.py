@@ -135,8 +135,6 @@ def router_warnings(cfg: RouterConfig) -> list[str]:
     return warnings
 
 
-
-
 def _group_warnings(cfg: RouterConfig) -> list[str]:
     """Match groups that will not do what their mode promises."""
     out: list[str] = []

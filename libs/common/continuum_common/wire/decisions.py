@@ -6,9 +6,10 @@ sent and where; every other replica records it as if it had routed the request i
 together as one router would. Fire and forget: a lost message costs at most one less sticky
 decision. msgpack via msgspec, a tagged array:
 
-    [replica, group, backend, kind, ts, keys]
+    [replica, group, backend, kind, ts, keys, new_tokens]
 
-`kind` 0 = speculative block entry (precise mode), 1 = approximate chunk record.
+`kind` 0 = speculative block entry (precise mode), 1 = approximate chunk record. `new_tokens` is
+the uncached prompt the backend was given (the replicas' shared view of recent demand).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Decision(msgspec.Struct, array_like=True, frozen=True):
     kind: Annotated[int, msgspec.Meta(ge=0, le=1)]
     ts: float
     keys: Annotated[list[_U64], msgspec.Meta(max_length=MAX_KEYS)]
+    new_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 _encoder = msgspec.msgpack.Encoder()

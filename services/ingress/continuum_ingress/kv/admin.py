@@ -32,7 +32,7 @@ from continuum_ingress.policy.scorer import HoldingTier
 if TYPE_CHECKING:
     from continuum_ingress.kv.component import KvRouting
 
-DECISIONS = ("kv_aware", "fallback")
+DECISIONS = ("kv_aware", "placed", "fallback")
 
 
 def iso_time(ts: object) -> str | None:

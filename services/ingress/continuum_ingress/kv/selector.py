@@ -40,6 +40,7 @@ from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.policy.kv_cost import (
     CandidateLoad,
     CostParams,
+    DecayingDemand,
     Held,
     KvChoice,
     choose_by_cost,
@@ -91,6 +92,7 @@ class KvSelector:
         self.model = section.scoring.model
         self.weights = Weights.from_config(section.scoring)
         self.params = CostParams.from_config(section.scoring.cost, config.prefix_routing.load_factor_epsilon)
+        self.demand = DecayingDemand(section.scoring.cost.demand_half_life_seconds)
         self.share: Callable[[Decision], None] | None = None  # set once NATS is connected
         self.share_decisions = section.share_decisions
         self.kv_aware_by_backend: Counter[str] = Counter()
@@ -122,7 +124,13 @@ class KvSelector:
             plan.keys[name] = keys
             plan.prompt_tokens = max(plan.prompt_tokens, keys.prompt_tokens)
             await self._held(group, keys, state, members, plan.held)
-        loads = [CandidateLoad(c.name, c.in_flight, c.queued_tokens, c.success_rate) for c in candidates]
+        now = self.clock()
+        loads = [
+            CandidateLoad(
+                c.name, c.in_flight, c.queued_tokens, c.success_rate, self.demand.value(c.name, now), c.weight
+            )
+            for c in candidates
+        ]
         if self.model == "seed":
             return choose_by_seed(plan.prompt_tokens, loads, plan.held, self.weights)
         return choose_by_cost(plan.prompt_tokens, loads, plan.held, self.params, _tie_key(plan.keys))
@@ -269,9 +277,11 @@ class KvSelector:
             memory.record(backend.name, keys.chain, now)
             kind = KIND_APPROXIMATE
         h = plan.held.get(backend.name)
-        state.prefill_tokens = max(0, plan.prompt_tokens - (h.any_tokens if h is not None else 0))
+        fresh = max(0, plan.prompt_tokens - (h.any_tokens if h is not None else 0))
+        state.prefill_tokens = fresh
+        self.demand.add(backend.name, fresh, now)
         if self.share is not None and self.share_decisions:
-            self.share(Decision(self.replica, group.name, backend.name, kind, time.time(), list(keys.chain)))
+            self.share(Decision(self.replica, group.name, backend.name, kind, time.time(), list(keys.chain), fresh))
 
     def _in_prefix_group(self, backend: str) -> bool:
         group = self.group_of.get(backend) or self.groups["*"]
@@ -282,6 +292,7 @@ class KvSelector:
         group = self.groups.get(decision.group)
         if group is None or decision.backend not in self.group_of:
             return
+        self.demand.add(decision.backend, decision.new_tokens, self.clock())
         if decision.kind == KIND_SPECULATIVE and group.mode == "precise":
             group.memory.record(decision.backend, decision.keys, self.clock())
         elif decision.kind == KIND_APPROXIMATE:
@@ -302,6 +313,7 @@ class KvSelector:
             await audit.aclose()
 
     def clear(self) -> None:
+        self.demand.clear()
         for group in self.groups.values():
             group.memory.clear()
             if group.fallback_memory is not None:

@@ -15,6 +15,12 @@ and takes the smallest, among the candidates under the CHWBL load bound
 beyond it. Exact ties go to a backend chosen by `tie_key` (a hash of the request's prefix), so
 equal candidates share new conversations evenly and deterministically.
 
+A request whose best candidate holds less than `affinity_threshold` of its prompt is new work
+(a new conversation that shares only a system prompt with others): it is *placed* instead, on
+the eligible candidate that was given the least new prompt recently (`demand`, decayed, per unit
+of weight), so conversations spread over every backend's cache rather than piling onto whoever
+holds their small shared head.
+
 `seed` is the seed's composite score over the same holdings (policy/kv_scoring.py's formula with
 raw_overlap = tokens held / most held by any candidate), deciding only above 0.3.
 
@@ -38,6 +44,8 @@ class CandidateLoad:
     in_flight: int
     queued_tokens: int = 0
     success_rate: float = 1.0
+    demand: float = 0.0  # new prompt tokens sent here recently (decayed)
+    weight: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,7 @@ class CostParams:
     per_request_s: float = 0.002
     storage_token_cost: float = 0.25
     epsilon: float = 0.25
+    affinity_threshold: float = 0.3
 
     @classmethod
     def from_config(cls, cfg: CostModel, default_epsilon: float) -> CostParams:
@@ -74,6 +83,7 @@ class CostParams:
             per_request_s=cfg.per_request_ms / 1000.0,
             storage_token_cost=cfg.storage_token_cost,
             epsilon=cfg.load_factor_epsilon if cfg.load_factor_epsilon is not None else default_epsilon,
+            affinity_threshold=cfg.affinity_threshold,
         )
 
 
@@ -88,6 +98,7 @@ class KvChoice:
     # What the overlap histogram records: the fraction of the prompt held (cost), or the
     # composite score (seed).
     overlap: float = 0.0
+    placed: bool = False  # new work placed for balance, not for its cached prefix
 
 
 def new_tokens(prompt_tokens: int, held: Held, params: CostParams) -> float:
@@ -113,6 +124,9 @@ def choose_by_cost(
         return None
     bound = load_bound(candidates, params.epsilon)
     eligible = [c for c in candidates if c.in_flight < bound] or list(candidates)
+    most = max(min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates)
+    if prompt_tokens > 0 and most < params.affinity_threshold * prompt_tokens:
+        return _place(prompt_tokens, eligible, held, params, tie_key)
     rate = params.prefill_tokens_per_second
     best: tuple[float, int, CandidateLoad, float] | None = None
     n = len(eligible)
@@ -136,6 +150,47 @@ def choose_by_cost(
         h.speculative and h.any_tokens > 0,
         held_tokens / prompt_tokens if prompt_tokens > 0 else 0.0,
     )
+
+
+def _place(
+    prompt_tokens: int, eligible: Sequence[CandidateLoad], held: dict[str, Held], params: CostParams, tie_key: int
+) -> KvChoice:
+    """New work: the eligible candidate with the least recent demand per unit of weight."""
+    n = len(eligible)
+    best: tuple[float, int, CandidateLoad] | None = None
+    for i, c in enumerate(eligible):
+        load = (c.demand + c.queued_tokens) / max(c.weight, 1)
+        rank = (i - tie_key) % n
+        if best is None or load < best[0] - 1e-9 or (abs(load - best[0]) <= 1e-9 and rank < best[1]):
+            best = (load, rank, c)
+    assert best is not None
+    chosen = best[2]
+    h = held.get(chosen.name, NOTHING)
+    held_tokens = min(h.any_tokens, prompt_tokens)
+    fresh = round(new_tokens(prompt_tokens, h, params))
+    return KvChoice(chosen.name, 0.0, h.tier, held_tokens, fresh, False, held_tokens / prompt_tokens, placed=True)
+
+
+class DecayingDemand:
+    """New prompt tokens sent to each backend, decaying with a half-life (pure; the caller
+    passes the clock)."""
+
+    def __init__(self, half_life_s: float) -> None:
+        self.half_life_s = half_life_s
+        self._values: dict[str, tuple[float, float]] = {}  # backend -> (value, at)
+
+    def add(self, backend: str, tokens: float, now: float) -> None:
+        self._values[backend] = (self.value(backend, now) + tokens, now)
+
+    def value(self, backend: str, now: float) -> float:
+        entry = self._values.get(backend)
+        if entry is None:
+            return 0.0
+        value, at = entry
+        return value * 0.5 ** (max(0.0, now - at) / self.half_life_s)
+
+    def clear(self) -> None:
+        self._values.clear()
 
 
 def choose_by_seed(
