@@ -187,7 +187,8 @@ class DecayingDemand:
         if entry is None:
             return 0.0
         value, at = entry
-        return value * 0.5 ** (max(0.0, now - at) / self.half_life_s)
+        decayed: float = value * 0.5 ** (max(0.0, now - at) / self.half_life_s)
+        return decayed
 
     def clear(self) -> None:
         self._values.clear()
