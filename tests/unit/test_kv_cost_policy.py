@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from continuum_ingress.policy.kv_cost import (
     CandidateLoad,
     CostParams,
+    DecayingDemand,
     Held,
     choose_by_cost,
     choose_by_seed,
@@ -98,3 +99,41 @@ def test_seed_formula_on_holdings() -> None:
     # a holder always wins over load under the seed's weights, however loaded it is
     busy = choose_by_seed(1000, loads(0, 50), held, w)
     assert busy is not None and busy.backend == "b1"
+
+
+def test_new_work_is_placed_by_recent_demand_per_weight() -> None:
+    # Only b0 holds the shared head (10% of the prompt): below the affinity threshold.
+    held = {"b0": Held(100, 100)}
+    cands = [
+        CandidateLoad("b0", 0, demand=5000),
+        CandidateLoad("b1", 0, demand=3000),
+        CandidateLoad("b2", 0, demand=900),
+    ]
+    choice = choose_by_cost(1000, cands, held, P)
+    assert choice is not None and choice.placed and choice.backend == "b2" and choice.tier is HoldingTier.NONE
+    # weight 4 = a backend four times the size: its demand counts a quarter
+    cands[0] = CandidateLoad("b0", 0, demand=3000, weight=4)
+    choice = choose_by_cost(1000, cands, held, P)
+    assert choice is not None and choice.backend == "b0" and choice.tier is HoldingTier.GPU_HOT
+    # above the threshold the cache decides, not the demand
+    held = {"b0": Held(400, 400)}
+    choice = choose_by_cost(1000, cands, held, P)
+    assert choice is not None and not choice.placed and choice.backend == "b0"
+
+
+def test_placement_respects_the_load_bound() -> None:
+    held = {"b0": Held(10, 10)}
+    cands = [CandidateLoad("b0", 6, demand=0), CandidateLoad("b1", 1, demand=9000), CandidateLoad("b2", 1, demand=9000)]
+    choice = choose_by_cost(1000, cands, held, P)
+    assert choice is not None and choice.placed and choice.backend != "b0"
+
+
+def test_decaying_demand() -> None:
+    demand = DecayingDemand(half_life_s=10.0)
+    demand.add("a", 1000, now=0.0)
+    assert demand.value("a", 10.0) == pytest.approx(500)
+    demand.add("a", 500, now=10.0)
+    assert demand.value("a", 20.0) == pytest.approx(500)
+    assert demand.value("b", 20.0) == 0.0
+    demand.clear()
+    assert demand.value("a", 20.0) == 0.0
