@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import pickle
+import struct
 from array import array
 from collections.abc import Sequence
 from typing import Final, Literal, Protocol
@@ -109,8 +111,11 @@ def _cbor_uint(value: int) -> bytes:
 
 @functools.cache
 def _uint_table() -> tuple[bytes, ...]:
-    """Canonical CBOR of every id below 65,536 (immutable; built on first use, ~3 MB)."""
-    return tuple(_cbor_head(0, value) for value in range(_TABLE_SIZE))
+    """Canonical CBOR of every id below 65,536 (immutable; built once per process, ~3 MB)."""
+    small = [bytes((v,)) for v in range(24)]
+    one_byte = list(map(struct.Struct(">BB").pack, itertools.repeat(0x18), range(24, 256)))
+    two_bytes = list(map(struct.Struct(">BH").pack, itertools.repeat(0x19), range(256, _TABLE_SIZE)))
+    return tuple(small + one_byte + two_bytes)
 
 
 def _cbor_tokens(tokens: Sequence[int]) -> list[bytes]:
@@ -210,6 +215,7 @@ class VllmCborHasher(_Hasher):
     def __init__(self, block_size: int, root: bytes) -> None:
         super().__init__(block_size, root)
         self._array_head = _cbor_head(4, block_size)
+        _uint_table()  # pay the one-time table build now, not on a request
 
     @property
     def engine(self) -> Engine:
