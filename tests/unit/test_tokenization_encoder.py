@@ -19,7 +19,7 @@ from continuum_common.hashing.blocks import BlockHasher, make_block_hasher
 from continuum_common.tokenization import LocalTokenizer, PromptEncoder
 from continuum_common.tokenization.cache import ByteLRU, TwoGenerationCache
 from continuum_common.tokenization.chunks import ChunkTokenizer, PieceMismatch
-from continuum_common.tokenization.pieces import CUT, SAFE_CUT, SPECIAL, START, TextSplitter
+from continuum_common.tokenization.pieces import CUT, SPECIAL, START, TextSplitter
 from continuum_sim.hf_tokenizer import corpus, train_tokenizer
 
 LLAMA3_REGEX = (
@@ -320,7 +320,7 @@ def test_pieces_cover_the_text_cut_safely_and_stay_put_when_text_is_appended(tex
     splitter = TextSplitter(SPECIALS, n)
     pieces = splitter.pieces(text)
     assert "".join(p for _, p in pieces) == text
-    for (context, piece), (next_context, _) in itertools.pairwise(pieces):
+    for (_context, piece), (next_context, _) in itertools.pairwise(pieces):
         if next_context == CUT:  # a cut inside a span: right before " " + letter, after a non-space
             assert not piece[-1].isspace()
     for context, piece in pieces:
