@@ -1,0 +1,26 @@
+"""Local tokenization for precise KV matching (docs/hashing.md, "Precise-mode request encoding").
+
+* `LocalTokenizer` — a Hugging Face tokenizer.json plus a Jinja2 chat template, used the way
+  vLLM uses them (`render_chat`, `encode`, `decode`).
+* `PromptEncoder` — a prompt text → `EncodedPrompt(token_count, block_hashes)`, the engine's
+  block hashes (continuum_common.hashing.blocks), tokenizing and hashing only the pieces of
+  text it has not seen before.
+* `TokenizationError` (and `TokenizerLoadError`, `ChatTemplateError`) — everything that can go
+  wrong; callers catch it and fall back.
+"""
+
+from continuum_common.tokenization.encoder import EncodedPrompt, EncoderStats, PromptEncoder
+from continuum_common.tokenization.errors import ChatTemplateError, TokenizationError, TokenizerLoadError
+from continuum_common.tokenization.local import LocalTokenizer
+from continuum_common.tokenization.support import PiecewiseSupport
+
+__all__ = [
+    "ChatTemplateError",
+    "EncodedPrompt",
+    "EncoderStats",
+    "LocalTokenizer",
+    "PiecewiseSupport",
+    "PromptEncoder",
+    "TokenizationError",
+    "TokenizerLoadError",
+]

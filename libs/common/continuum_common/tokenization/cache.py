@@ -1,0 +1,117 @@
+"""Byte-bounded caches for the prompt encoder (pure data structures, no I/O, no threads).
+
+* `ByteLRU` — least-recently-used eviction by the byte sizes the caller declares; used for the
+  chain nodes and whole-text results (tens of lookups per request).
+* `TwoGenerationCache` — an approximate LRU for the word-chunk token cache, which sees hundreds
+  of lookups per request: a lookup is one dict probe, no reordering. New entries go to the
+  young generation; a hit in the old generation is promoted; when the young generation holds
+  half the budget it becomes the old one and the previous old generation is dropped whole.
+  Entries used within the last half-budget of insertions always survive.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class ByteLRU(Generic[K, V]):
+    __slots__ = ("_data", "bytes", "evictions", "max_bytes")
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max(0, max_bytes)
+        self._data: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self.bytes = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: K) -> V | None:
+        item = self._data.get(key)
+        if item is None:
+            return None
+        self._data.move_to_end(key)
+        return item[0]
+
+    def put(self, key: K, value: V, size: int) -> None:
+        """Insert (or replace) `key`; an entry larger than the whole budget is not kept."""
+        old = self._data.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        if size > self.max_bytes:
+            return
+        self._data[key] = (value, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, dropped) = self._data.popitem(last=False)
+            self.bytes -= dropped
+            self.evictions += 1
+
+    def clear(self) -> None:
+        self._data.clear()
+        self.bytes = 0
+
+
+class TwoGenerationCache(Generic[K, V]):
+    """Sizes come from `sizer(key, value)`, called once per insertion or promotion."""
+
+    __slots__ = ("_old", "_sizer", "_young", "_young_bytes", "evictions", "max_bytes")
+
+    def __init__(self, max_bytes: int, sizer: Callable[[K, V], int]) -> None:
+        self.max_bytes = max(0, max_bytes)
+        self._sizer = sizer
+        self._young: dict[K, V] = {}
+        self._old: dict[K, V] = {}
+        self._young_bytes = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._old)
+
+    @property
+    def bytes(self) -> int:
+        """The bytes held (each generation holds at most half the budget)."""
+        return self._young_bytes + sum(self._sizer(k, v) for k, v in self._old.items())
+
+    def get_many(self, keys: Sequence[K]) -> list[V | None]:
+        """Values in key order (None = absent). The young generation is probed in C; only the
+        keys it lacks go through `get`."""
+        values = list(map(self._young.get, keys))
+        if None in values:
+            get = self.get
+            values = [v if v is not None else get(k) for k, v in zip(keys, values, strict=True)]
+        return values
+
+    def get(self, key: K) -> V | None:
+        value = self._young.get(key)
+        if value is not None:
+            return value
+        value = self._old.pop(key, None)
+        if value is not None:
+            self._insert(key, value, self._sizer(key, value))  # promoted, counted again
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        """Insert a key that `get` just reported absent."""
+        size = self._sizer(key, value)
+        if size <= self.max_bytes // 2:
+            self._insert(key, value, size)
+
+    def _insert(self, key: K, value: V, size: int) -> None:
+        if self._young_bytes + size > self.max_bytes // 2:
+            self.evictions += len(self._old)
+            self._old = self._young
+            self._young = {}
+            self._young_bytes = 0
+        self._young[key] = value
+        self._young_bytes += size
+
+    def clear(self) -> None:
+        self._young.clear()
+        self._old.clear()
+        self._young_bytes = 0

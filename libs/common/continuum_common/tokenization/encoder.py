@@ -1,0 +1,232 @@
+"""`PromptEncoder`: a prompt text → its token count and the engine block hashes of its full
+blocks, tokenizing and hashing only what it has not seen (docs/hashing.md, "Precise-mode
+request encoding").
+
+    encoder = PromptEncoder(LocalTokenizer(...), make_block_hasher("vllm", 16, hash_seed="0"))
+    prompt = encoder.encode(tokenizer.render_chat(messages), add_special_tokens=False)
+    prompt.token_count, prompt.block_hashes   # u64s, the chain the block index is queried with
+
+The text is cut into pieces (pieces.py). The encoder keeps a tree of **chain nodes**: the node
+for piece k under parent node p holds what hashing the prompt up to the end of piece k left:
+the token count, the wire hashes of the blocks completed inside piece k, the digest of the last
+full block and the tokens of the unfinished block. A request walks the tree from the root of its
+(add_special_tokens, cache_salt, lora_name) chain while its pieces are known; the first unknown
+piece and everything after it are tokenized (chunks.py, one tokenizer pass) and hashed from the
+last known node on. A conversation's next turn thus costs the splitting of its text, one
+dictionary probe per known piece and the tokenizing and hashing of the new turn only.
+
+Memory is bounded: nodes (and whole-text results) in an LRU by bytes, word chunks in a
+two-generation cache (together `max_cache_bytes`). Everything is synchronous, pure CPU and
+single-threaded; errors are TokenizationError. When the tokenizer cannot be run piece by piece
+(support.py), texts are tokenized whole and the result is cached by the whole text.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from continuum_common.hashing.blocks import BlockHasher, BlockHashError
+from continuum_common.tokenization.cache import ByteLRU
+from continuum_common.tokenization.chunks import ChunkStats, ChunkTokenizer, PieceMismatch
+from continuum_common.tokenization.errors import TokenizationError
+from continuum_common.tokenization.local import LocalTokenizer
+from continuum_common.tokenization.pieces import Piece, TextSplitter
+from continuum_common.tokenization.support import PiecewiseSupport, check_piecewise
+
+_SUFFIX = ("\x00suffix",)
+_NODE_OVERHEAD = 200  # bytes of a node object, its key tuple and the LRU slot, roughly
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedPrompt:
+    token_count: int
+    block_hashes: list[int]  # wire u64 of every full block, in chain order
+
+
+@dataclass(slots=True)
+class EncoderStats:
+    requests: int = 0
+    node_hits: int = 0  # pieces answered by a cached chain node
+    node_misses: int = 0  # pieces tokenized and hashed
+    hashed_blocks: int = 0
+    whole_text: int = 0  # requests tokenized whole (tokenizer not piecewise-safe)
+    whole_text_hits: int = 0
+    fallbacks: int = 0  # piecewise requests redone whole after a tokenizer surprise
+    hash_seconds: float = 0.0
+    chunks: ChunkStats = field(default_factory=ChunkStats)
+
+    @property
+    def tokenize_seconds(self) -> float:
+        return self.chunks.tokenize_seconds
+
+    @property
+    def tokenizer_calls(self) -> int:
+        return self.chunks.tokenizer_calls
+
+
+class _Node:
+    __slots__ = ("blocks", "count", "id", "last", "tail", "wire")
+
+    def __init__(
+        self, node_id: int, count: int, blocks: int, *, last: bytes | None, tail: list[int], wire: list[int]
+    ) -> None:
+        self.id = node_id
+        self.count = count  # tokens up to here
+        self.blocks = blocks  # full blocks up to here
+        self.last = last  # digest of the last full block (None: none yet)
+        self.tail = tail  # tokens of the unfinished block
+        self.wire = wire  # wire hashes of the blocks completed in this node's piece
+
+
+class PromptEncoder:
+    def __init__(
+        self,
+        tokenizer: LocalTokenizer,
+        hasher: BlockHasher,
+        *,
+        max_cache_bytes: int = 64 << 20,
+        piece_chars: int = 1024,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.hasher = hasher
+        self.stats = EncoderStats()
+        self._splitter = TextSplitter(tokenizer.added_tokens, piece_chars)
+        self._chunks = ChunkTokenizer(tokenizer, max_cache_bytes // 4, self.stats.chunks)
+        self._nodes: ByteLRU[Hashable, object] = ByteLRU(max_cache_bytes - max_cache_bytes // 4)
+        self._ids = itertools.count(1)
+        probe = ChunkTokenizer(tokenizer, 1 << 20)
+        self.support: PiecewiseSupport = check_piecewise(tokenizer, lambda text: _flat(probe, self._splitter, text))
+
+    @property
+    def piecewise(self) -> bool:
+        return self.support.ok
+
+    @property
+    def cache_bytes(self) -> int:
+        return self._nodes.bytes + self._chunks.cache_bytes
+
+    def clear(self) -> None:
+        self._nodes.clear()
+
+    def encode(
+        self,
+        text: str,
+        *,
+        add_special_tokens: bool,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ) -> EncodedPrompt:
+        """Token count and block hashes of `text` as the engine will see it; TokenizationError
+        when it cannot be computed (the caller falls back)."""
+        self.stats.requests += 1
+        try:
+            if self.support.ok:
+                try:
+                    return self._encode_pieces(text, add_special_tokens, cache_salt, lora_name)
+                except PieceMismatch:
+                    self.stats.fallbacks += 1
+            return self._encode_whole(text, add_special_tokens, cache_salt, lora_name)
+        except BlockHashError as exc:
+            raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
+
+    # -- piecewise ------------------------------------------------------------------------------
+
+    def _encode_pieces(self, text: str, add_special: bool, salt: str | None, lora: str | None) -> EncodedPrompt:
+        pieces = self._splitter.pieces(text)
+        node = self._root(add_special, salt, lora)
+        hashes: list[int] = []
+        nodes = self._nodes
+        known = 0
+        for piece in pieces:
+            child = nodes.get((node.id, piece))
+            if child is None:
+                break
+            assert isinstance(child, _Node)
+            hashes += child.wire
+            node = child
+            known += 1
+        self.stats.node_hits += known
+        if known < len(pieces):
+            missing = pieces[known:]
+            self.stats.node_misses += len(missing)
+            for piece, ids in zip(missing, self._chunks.encode_pieces(missing), strict=True):
+                node = self._extend(node, piece, ids, salt, lora)
+                hashes += node.wire
+        suffix = self.support.suffix_ids
+        if add_special and suffix:
+            cached = nodes.get((node.id, _SUFFIX))
+            node = cached if isinstance(cached, _Node) else self._extend(node, _SUFFIX, list(suffix), salt, lora)
+            hashes += node.wire
+        return EncodedPrompt(node.count, hashes)
+
+    def _root(self, add_special: bool, salt: str | None, lora: str | None) -> _Node:
+        key = ("\x00root", add_special, salt, lora)
+        root = self._nodes.get(key)
+        if isinstance(root, _Node):
+            return root
+        empty = _Node(0, 0, 0, last=None, tail=[], wire=[])
+        prefix = list(self.support.prefix_ids) if add_special else []
+        return self._extend(empty, None, prefix, salt, lora, key=key)
+
+    def _extend(
+        self,
+        parent: _Node,
+        piece: Piece | tuple[str] | None,
+        ids: list[int],
+        salt: str | None,
+        lora: str | None,
+        *,
+        key: Hashable = None,
+    ) -> _Node:
+        tokens = parent.tail + ids
+        started = time.perf_counter()
+        digests = self.hasher.chain(
+            tokens, parent=parent.last, start_block=parent.blocks, cache_salt=salt, lora_name=lora
+        )
+        wire = self.hasher.wire
+        child = _Node(
+            next(self._ids),
+            parent.count + len(ids),
+            parent.blocks + len(digests),
+            last=digests[-1] if digests else parent.last,
+            tail=tokens[len(digests) * self.hasher.block_size :],
+            wire=[wire(d) for d in digests],
+        )
+        self.stats.hash_seconds += time.perf_counter() - started
+        self.stats.hashed_blocks += len(digests)
+        text_bytes = sys.getsizeof(piece[-1]) if piece else 0
+        size = _NODE_OVERHEAD + text_bytes + 40 * len(digests) + 8 * len(child.tail)
+        self._nodes.put(key if key is not None else (parent.id, piece), child, size)
+        return child
+
+    # -- whole text -----------------------------------------------------------------------------
+
+    def _encode_whole(self, text: str, add_special: bool, salt: str | None, lora: str | None) -> EncodedPrompt:
+        self.stats.whole_text += 1
+        key = ("\x00whole", add_special, salt, lora, text)
+        cached = self._nodes.get(key)
+        if isinstance(cached, EncodedPrompt):
+            self.stats.whole_text_hits += 1
+            return cached
+        chunk_stats = self.stats.chunks
+        started = time.perf_counter()
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special)
+        chunk_stats.tokenize_seconds += time.perf_counter() - started
+        chunk_stats.tokenizer_calls += 1
+        chunk_stats.tokenized_chars += len(text)
+        started = time.perf_counter()
+        digests = self.hasher.chain(ids, cache_salt=salt, lora_name=lora)
+        self.stats.hash_seconds += time.perf_counter() - started
+        self.stats.hashed_blocks += len(digests)
+        result = EncodedPrompt(len(ids), [self.hasher.wire(d) for d in digests])
+        self._nodes.put(key, result, _NODE_OVERHEAD + sys.getsizeof(text) + 8 * len(digests))
+        return result
+
+
+def _flat(chunker: ChunkTokenizer, splitter: TextSplitter, text: str) -> list[int]:
+    """Piecewise ids of a whole text (the self-check's side of the comparison)."""
+    return [token for ids in chunker.encode_pieces(splitter.pieces(text)) for token in ids]
