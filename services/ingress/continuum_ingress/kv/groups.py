@@ -64,6 +64,9 @@ class GroupRuntime:
         self.encoder: PromptEncoder | None = None
         # Set when the local tokenizer proved unusable: precise mode then uses approximate keys.
         self.precise_disabled: str | None = None
+        # precise mode's own approximate fallback (its chunk records live apart from the
+        # speculative block entries: they are different hashes)
+        self.fallback_memory = RouteMemory(float(self.approx.ttl_seconds)) if self.mode == "precise" else None
         if self.mode == "precise":
             assert group is not None  # the default group is never precise (schema)
             self._load_precise(group)
@@ -73,9 +76,6 @@ class GroupRuntime:
             if self.approx.capacity_tokens is not None:
                 capacity = max(1, int(self.approx.capacity_tokens / self.chunk_tokens))
             self.memory = RouteMemory(float(self.approx.ttl_seconds), capacity=capacity)
-        # precise mode's own approximate fallback (its chunk records live apart from the
-        # speculative block entries: they are different hashes)
-        self.fallback_memory = RouteMemory(float(self.approx.ttl_seconds)) if self.mode == "precise" else None
 
     def _load_precise(self, group: MatchGroup) -> None:
         from continuum_common.hashing.blocks import make_block_hasher
@@ -85,10 +85,18 @@ class GroupRuntime:
         )
         if group.tokenizer is None:
             return
-        from continuum_common.tokenization import LocalTokenizer, PromptEncoder
+        from continuum_common.tokenization import LocalTokenizer, PromptEncoder, TokenizationError
 
-        # A bad file is a configuration error: raised at start, not per request.
-        self.tokenizer = LocalTokenizer.from_files(group.tokenizer, chat_template=group.chat_template)
+        try:
+            self.tokenizer = LocalTokenizer(group.tokenizer, chat_template=group.chat_template)
+        except TokenizationError as exc:
+            # The router still starts and serves: this group is matched approximately (every
+            # request counted as a fallback) until the files are fixed and the router restarted.
+            log.error(
+                "match group %s: the local tokenizer cannot be used (%s); precise matching is off", self.name, exc
+            )
+            self.precise_disabled = "tokenizer_error"
+            return
         self.encoder = PromptEncoder(self.tokenizer, self.hasher, max_cache_bytes=PROMPT_CACHE_BYTES)
 
     # ---- keys --------------------------------------------------------------------------------
