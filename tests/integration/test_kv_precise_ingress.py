@@ -159,11 +159,13 @@ async def test_an_unreadable_tokenizer_disables_precise_matching_but_serves(
 ) -> None:
     bad = tmp_path / "tokenizer.json"
     bad.write_text("{not json")
-    async with running_stubs("a", "b") as stubs:
-        async with ingress(config(stubs, nats_server.url, None, tokenizer=str(bad))) as (ing, c):
-            r = await c.post("/v1/chat/completions", json=chat([{"role": "user", "content": "hi " * 200}]))
-            assert r.status_code == 200
-            assert sample(ing, "continuum_kv_precise_fallbacks_total", group="fleet", reason="disabled") == 1
+    async with (
+        running_stubs("a", "b") as stubs,
+        ingress(config(stubs, nats_server.url, None, tokenizer=str(bad))) as (ing, c),
+    ):
+        r = await c.post("/v1/chat/completions", json=chat([{"role": "user", "content": "hi " * 200}]))
+        assert r.status_code == 200
+        assert sample(ing, "continuum_kv_precise_fallbacks_total", group="fleet", reason="disabled") == 1
 
 
 async def test_the_tokenizer_audit_turns_precise_matching_off_when_the_engine_disagrees(
