@@ -8,8 +8,9 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from continuum_common.kvindex import BlockMatch
+from continuum_common.kvindex import BlockMatch, MatchQuery
 from continuum_common.wire.kv import AllCleared, BlockEvent, BlocksRemoved, BlocksStored, KvBatch
 
 # Hashes that exercise the whole u64 range (the top bit, zero, the maximum).
@@ -116,3 +117,17 @@ class NaiveBlocks:
 
 def without_generation(matches: dict[str, BlockMatch]) -> dict[str, tuple[int, int, int]]:
     return {b: (m.gpu_blocks, m.any_blocks, m.held_blocks) for b, m in matches.items()}
+
+
+def probe_chains(hashes: Sequence[int]) -> list[list[int]]:
+    """Every single block, and overlapping chains in universe order (the leading-run rule)."""
+    return [[h] for h in hashes] + [list(hashes[i : i + 6]) for i in range(0, len(hashes), 3)]
+
+
+def expected_matches(naive: NaiveBlocks, hashes: Sequence[int], backends: Sequence[str]) -> list[dict[str, Any]]:
+    return [{b: naive.match(chain, b) for b in backends} for chain in probe_chains(hashes)]
+
+
+async def read_matches(index: Any, hashes: Sequence[int], backends: Sequence[str]) -> list[dict[str, Any]]:
+    results = await index.match_many([MatchQuery(chain, backends) for chain in probe_chains(hashes)])
+    return [without_generation(r) for r in results]

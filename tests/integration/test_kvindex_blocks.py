@@ -41,7 +41,12 @@ async def make_index(
     kind = request.param
 
     def factory(
-        *, max_blocks: int = 100_000, ttl: float = 600.0, tombstones: float = 120.0, per_call: int = 8192
+        *,
+        max_blocks: int = 100_000,
+        ttl: float = 600.0,
+        tombstones: float = 120.0,
+        per_call: int = 4096,
+        per_pipeline: int = 16_384,
     ) -> Any:
         if kind == "memory":
             return InMemoryBlockIndex(max_blocks=max_blocks, ttl_seconds=ttl, tombstone_seconds=tombstones)
@@ -51,7 +56,12 @@ async def make_index(
             client = RedisCluster.from_url(redis_cluster.url, socket_timeout=5)
         clients.append(client)
         return RedisBlockIndex(
-            client, max_blocks=max_blocks, ttl_seconds=ttl, tombstone_seconds=tombstones, max_blocks_per_call=per_call
+            client,
+            max_blocks=max_blocks,
+            ttl_seconds=ttl,
+            tombstone_seconds=tombstones,
+            max_blocks_per_call=per_call,
+            max_blocks_per_pipeline=per_pipeline,
         )
 
     yield factory
@@ -246,7 +256,7 @@ async def test_out_of_range_seq_is_stale(make_index: Factory) -> None:
 
 
 async def test_big_groups_are_applied_whole(make_index: Factory) -> None:
-    index = make_index(per_call=500)
+    index = make_index(per_call=500, per_pipeline=1000)  # Redis: 6 calls in 3 round trips
     rng = random.Random(4)
     chain = [rng.getrandbits(64) for _ in range(3000)]
     batches = [batch("a", 1, X())] + [batch("a", 2 + i, S(chain[i * 300 : (i + 1) * 300])) for i in range(10)]

@@ -105,16 +105,17 @@ local function store(tier, blob, pos, n, st)
   end
 end
 
-local function remove(tier, blob, pos, n, st)
+-- hs[k] removed at stamp sts[k] (a run of consecutive removal events: vLLM sends one per
+-- evicted block, so this is one ZMSCORE and one ZREM for the run, not per event)
+local function remove(tier, hs, sts)
   local key, tag = ZSET[tier], TAG[tier]
-  local hs = {}
-  for k = 0, n - 1 do hs[k + 1] = string.sub(blob, pos + 8 * k, pos + 8 * k + 7) end
-  local gone = {}
+  local n = #hs
   for first = 1, n, CHUNK do
     local last = math.min(n, first + CHUNK - 1)
     local scores = redis.call('ZMSCORE', key, unpack(hs, first, last))
+    local gone = {}
     for k = first, last do
-      local h, sc = hs[k], scores[k - first + 1]
+      local h, st, sc = hs[k], sts[k], scores[k - first + 1]
       local f = tag .. h
       local p = pend[f]
       if (p and p >= st) or (sc and tonumber(sc) >= st) or ((not sc) and st <= tmax and tomb(f) >= st) then
@@ -125,7 +126,7 @@ local function remove(tier, blob, pos, n, st)
         c.applied = c.applied + 1
       end
     end
-    if #gone > 0 then redis.call('ZREM', key, unpack(gone)); gone = {} end
+    if #gone > 0 then redis.call('ZREM', key, unpack(gone)) end
   end
 end
 
@@ -167,9 +168,14 @@ local function apply_batch(blob)
     rot = now_ms
   end
   c.batches = c.batches + 1
+  local run_tier, run_h, run_st = nil, {}, {}
   for i = 0, nev - 1 do
     local kind, tier, n, nxt = struct.unpack('>BBI4', blob, pos)
     local st = base + i
+    if run_tier and (kind ~= 2 or tier ~= run_tier) then
+      remove(run_tier, run_h, run_st)
+      run_tier, run_h, run_st = nil, {}, {}
+    end
     if kind == 3 then
       clear(st)
     elseif st <= wm then
@@ -177,10 +183,15 @@ local function apply_batch(blob)
     elseif kind == 1 then
       store(tier, blob, nxt, n, st)
     else
-      remove(tier, blob, nxt, n, st)
+      run_tier = tier
+      for k = 0, n - 1 do
+        run_h[#run_h + 1] = string.sub(blob, nxt + 8 * k, nxt + 8 * k + 7)
+        run_st[#run_st + 1] = st
+      end
     end
     pos = nxt + 8 * n
   end
+  if run_tier then remove(run_tier, run_h, run_st) end
   flush_tombs()
 end
 
