@@ -19,11 +19,13 @@ import zmq
 import zmq.asyncio
 
 from continuum_common.asgi_server import EmbeddedServer
+from continuum_common.tokenization import LocalTokenizer, TokenizationError
 from continuum_sim.adapters.http_api import build_app
 from continuum_sim.adapters.zmq_publisher import ZmqEventPublisher
 from continuum_sim.config import EngineConfig
 from continuum_sim.engine import SimEngine
-from continuum_sim.errors import SimError
+from continuum_sim.errors import SimConfigError, SimError
+from continuum_sim.protocol.codec import BuiltinCodec, HfCodec, PromptCodec
 from continuum_sim.protocol.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class EngineEndpoints:
     block_size: int
     num_gpu_blocks: int
     python_hash_seed: str
+    tokenizer: str | None = None  # the Hugging Face tokenizer.json the engine uses (None: built-in)
+    chat_template: str | None = None  # the chat template file it renders with (None: ChatML)
 
     @property
     def openai_base_url(self) -> str:
@@ -68,16 +72,16 @@ class EngineEndpoints:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineEndpoints:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 class SimEngineServer:
     """One engine with its sockets. `start()` binds everything; `stop()` releases it."""
 
-    def __init__(self, config: EngineConfig, tokenizer: Tokenizer, zmq_context: zmq.asyncio.Context) -> None:
+    def __init__(self, config: EngineConfig, codec: PromptCodec, zmq_context: zmq.asyncio.Context) -> None:
         self.config = config
         self.publisher: ZmqEventPublisher | None = None
-        self.engine = SimEngine(config, tokenizer)
+        self.engine = SimEngine(config, codec)
         if config.kv_events.enabled:
             self.publisher = ZmqEventPublisher(config.kv_events, self.engine.metrics, zmq_context)
             self.engine.events = self.publisher
@@ -102,6 +106,8 @@ class SimEngineServer:
             block_size=self.config.block_size,
             num_gpu_blocks=self.config.num_gpu_blocks,
             python_hash_seed=self.config.python_hash_seed,
+            tokenizer=self.config.tokenizer,
+            chat_template=chat_template_path(self.config),
         )
 
     async def start(self) -> None:
@@ -138,13 +144,45 @@ class SimEngineServer:
         return None
 
 
+def chat_template_path(config: EngineConfig) -> str | None:
+    """The template an engine renders with: its own, else a tokenizer_config.json beside its
+    tokenizer.json that carries one, else None (the built-in ChatML text)."""
+    if config.chat_template is not None or config.tokenizer is None:
+        return config.chat_template
+    beside = Path(config.tokenizer).with_name("tokenizer_config.json")
+    try:
+        has_template = "chat_template" in json.loads(beside.read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return str(beside) if has_template else None
+
+
+def load_codecs(configs: Sequence[EngineConfig]) -> list[PromptCodec]:
+    """One codec per engine; engines with the same tokenizer files share one (codecs are
+    immutable apart from bounded caches). SimConfigError when a file cannot be loaded."""
+    shared: dict[tuple[str | None, str | None], PromptCodec] = {}
+    out: list[PromptCodec] = []
+    for config in configs:
+        key = (config.tokenizer, chat_template_path(config))
+        if key not in shared:
+            if config.tokenizer is None:
+                shared[key] = BuiltinCodec(Tokenizer())
+            else:
+                try:
+                    shared[key] = HfCodec(LocalTokenizer(config.tokenizer, chat_template=key[1]))
+                except TokenizationError as exc:
+                    raise SimConfigError(f"{config.name}: {exc}") from None
+        out.append(shared[key])
+    return out
+
+
 async def start_servers(configs: Sequence[EngineConfig], zmq_context: zmq.asyncio.Context) -> list[SimEngineServer]:
-    """Start every engine (one shared tokenizer: it is immutable apart from a bounded cache)."""
-    tokenizer = Tokenizer()
+    """Start every engine."""
+    codecs = load_codecs(configs)
     servers: list[SimEngineServer] = []
     try:
-        for config in configs:
-            server = SimEngineServer(config, tokenizer, zmq_context)
+        for config, codec in zip(configs, codecs, strict=True):
+            server = SimEngineServer(config, codec, zmq_context)
             servers.append(server)
             await server.start()
     except zmq.ZMQError as exc:

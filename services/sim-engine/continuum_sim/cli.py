@@ -60,6 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--max-waiting", type=int, default=d.max_waiting)
     eng.add_argument("--no-prefix-caching", action="store_true")
     eng.add_argument(
+        "--tokenizer",
+        metavar="TOKENIZER_JSON",
+        help="tokenize with this Hugging Face tokenizer.json instead of the built-in tokenizer",
+    )
+    eng.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="its Jinja2 chat template (a template file or a tokenizer_config.json; "
+        "default: tokenizer_config.json beside the tokenizer, else ChatML)",
+    )
+    eng.add_argument(
         "--python-hash-seed",
         default=os.environ.get("PYTHONHASHSEED", "0"),
         help="NONE_HASH seed (default $PYTHONHASHSEED or 0)",
@@ -107,6 +118,8 @@ def configs_from_args(args: argparse.Namespace) -> list[EngineConfig]:
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
         python_hash_seed=args.python_hash_seed,
+        tokenizer=args.tokenizer,
+        chat_template=args.chat_template,
         timing=timing,
     )
     configs = []

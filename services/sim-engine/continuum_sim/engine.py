@@ -23,9 +23,8 @@ from continuum_sim.policy.kv_manager import KVCacheManager
 from continuum_sim.policy.request import RequestStatus, SimRequest
 from continuum_sim.policy.scheduler import QueueFull, ScheduledStep, Scheduler, StepOutput
 from continuum_sim.protocol.block_hash import none_hash
-from continuum_sim.protocol.generation import TextGenerator
+from continuum_sim.protocol.codec import PromptCodec
 from continuum_sim.protocol.kv_wire import KvEvent
-from continuum_sim.protocol.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 _MAX_CARRIED_LAG_S = 0.05
@@ -85,10 +84,10 @@ class RequestHandle:
 
 
 class SimEngine:
-    def __init__(self, config: EngineConfig, tokenizer: Tokenizer, *, events: EventSink | None = None) -> None:
+    def __init__(self, config: EngineConfig, codec: PromptCodec, *, events: EventSink | None = None) -> None:
         self.config = config
-        self.tokenizer = tokenizer
-        self.generator = TextGenerator(tokenizer)
+        self.codec = codec
+        self.generator = codec.generator
         self.metrics = EngineMetrics(config.model)
         self.events = events
         self.pool = BlockPool(

@@ -62,7 +62,7 @@ def check_piecewise(tokenizer: LocalTokenizer, encode_pieces: Callable[[str], li
         reason = _component_problem(tokenizer.config(), tokenizer.backend.encode_special_tokens)
         if reason:
             return PiecewiseSupport(False, reason)
-        affixes = _special_affixes(tokenizer)
+        affixes = special_affixes(tokenizer)
         if affixes is None:
             return PiecewiseSupport(False, "add_special_tokens=True does more than add fixed ids around the text")
         reason = _probe_problem(tokenizer, encode_pieces)
@@ -73,7 +73,13 @@ def check_piecewise(tokenizer: LocalTokenizer, encode_pieces: Callable[[str], li
     return PiecewiseSupport(True, "", *affixes)
 
 
-def _component_problem(config: Mapping[str, Any], encode_special_tokens: bool) -> str:
+def added_tokens_problem(tokenizer: LocalTokenizer) -> str:
+    """Why the text between added tokens cannot be tokenized span by span ("" when it can):
+    property 1 of the module docstring."""
+    return _added_tokens_problem(tokenizer.config(), tokenizer.backend.encode_special_tokens)
+
+
+def _added_tokens_problem(config: Mapping[str, Any], encode_special_tokens: bool) -> str:
     if encode_special_tokens:
         return "encode_special_tokens is set (added tokens are not split out of the text)"
     has_normalizer = config.get("normalizer") is not None
@@ -82,6 +88,13 @@ def _component_problem(config: Mapping[str, Any], encode_special_tokens: bool) -
             return "an added token strips whitespace or needs word boundaries (lstrip/rstrip/single_word)"
         if token.get("normalized") and has_normalizer:
             return "an added token is matched after normalization (normalized: true with a normalizer)"
+    return ""
+
+
+def _component_problem(config: Mapping[str, Any], encode_special_tokens: bool) -> str:
+    problem = _added_tokens_problem(config, encode_special_tokens)
+    if problem:
+        return problem
     problem = _normalizer_problem(config.get("normalizer"))
     if problem:
         return problem
@@ -148,7 +161,7 @@ def _walk_pre_tokenizer(node: Mapping[str, Any]) -> tuple[str, bool]:
     return "", True
 
 
-def _special_affixes(tokenizer: LocalTokenizer) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def special_affixes(tokenizer: LocalTokenizer) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """The fixed ids add_special_tokens=True adds around every text, or None if it is not that."""
     found: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
     for text in ("a", "Hello world", _PROBE_TEXTS[0]):

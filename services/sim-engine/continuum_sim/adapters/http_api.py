@@ -23,7 +23,6 @@ from continuum_sim.errors import Conflict, EngineBusy, InvalidRequest, RequestEr
 from continuum_sim.policy.request import RequestStatus
 from continuum_sim.protocol import embeddings as emb
 from continuum_sim.protocol import responses as r
-from continuum_sim.protocol.chat_template import render
 from continuum_sim.protocol.requests import (
     GenerateParams,
     anthropic_messages,
@@ -71,7 +70,7 @@ def _guard(handler: Handler, *, anthropic: bool = False) -> Handler:
 class EngineApi:
     def __init__(self, engine: SimEngine, served_models: list[str]) -> None:
         self.engine = engine
-        self.tokenizer = engine.tokenizer
+        self.codec = engine.codec
         self.served = served_models
         self.created = r.now()
 
@@ -106,7 +105,7 @@ class EngineApi:
 
     def _check_ids(self, ids: list[int]) -> list[int]:
         for token in ids:
-            if not self.tokenizer.is_valid_id(token):
+            if not self.codec.is_valid_id(token):
                 raise InvalidRequest(f"Token id {token} is out of vocabulary", param="prompt")
         return ids
 
@@ -116,19 +115,17 @@ class EngineApi:
         body = await read_json(request)
         params = generate_params(body, self.served)
         messages = chat_messages(body)
-        text = render(
+        text = self.codec.render_chat(
             messages,
             add_generation_prompt=body.get("add_generation_prompt", True) is not False,
             continue_final_message=body.get("continue_final_message") is True,
         )
-        handle = self._submit(self.tokenizer.encode(text), params)
+        handle = self._submit(self.codec.encode(text, add_special_tokens=False), params)
         if params.stream:
             return self._stream(self._chat_events(handle, params), handle)
         tokens = await self._finish(handle)
         rid = r.new_id("chatcmpl-")
-        out = r.chat_completion(
-            rid, params.model, self.tokenizer.decode(tokens), handle.finish_reason, self._usage(handle)
-        )
+        out = r.chat_completion(rid, params.model, self.codec.decode(tokens), handle.finish_reason, self._usage(handle))
         return json_response(out)
 
     async def _chat_events(self, handle: RequestHandle, params: GenerateParams) -> AsyncIterator[bytes]:
@@ -143,7 +140,7 @@ class EngineApi:
                 )
                 sent_role = True
             finish = handle.finish_reason if handle.finished else None
-            delta = {"content": self.tokenizer.decode(ids)}
+            delta = {"content": self.codec.decode(ids)}
             yield r.sse_data(r.chat_chunk(rid, params.model, created, delta, finish, include_usage=inc))
         if not sent_role:
             yield r.sse_data(r.openai_error(EngineBusy("The engine's waiting queue is full; retry later.")))
@@ -156,13 +153,13 @@ class EngineApi:
         body = await read_json(request)
         params = generate_params(body, self.served)
         prompt = completion_prompt(body)
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
+        ids = self.codec.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else self._check_ids(prompt)
         handle = self._submit(ids, params)
         if params.stream:
             return self._stream(self._completion_events(handle, params), handle)
         tokens = await self._finish(handle)
         rid = r.new_id("cmpl-")
-        out = r.completion(rid, params.model, self.tokenizer.decode(tokens), handle.finish_reason, self._usage(handle))
+        out = r.completion(rid, params.model, self.codec.decode(tokens), handle.finish_reason, self._usage(handle))
         return json_response(out)
 
     async def _completion_events(self, handle: RequestHandle, params: GenerateParams) -> AsyncIterator[bytes]:
@@ -172,7 +169,7 @@ class EngineApi:
             sent = True
             finish = handle.finish_reason if handle.finished else None
             yield r.sse_data(
-                r.completion_chunk(rid, params.model, created, self.tokenizer.decode(ids), finish, include_usage=inc)
+                r.completion_chunk(rid, params.model, created, self.codec.decode(ids), finish, include_usage=inc)
             )
         if not sent:
             yield r.sse_data(r.openai_error(EngineBusy("The engine's waiting queue is full; retry later.")))
@@ -187,13 +184,14 @@ class EngineApi:
         body = await read_json(request)
         params = generate_params(body, self.served, anthropic=True)
         params = GenerateParams(params.model, params.max_tokens, params.stream, False, params.cache_salt, params.seed)
-        handle = self._submit(self.tokenizer.encode(render(anthropic_messages(body))), params)
+        text = self.codec.render_chat(anthropic_messages(body))
+        handle = self._submit(self.codec.encode(text, add_special_tokens=False), params)
         if params.stream:
             return self._stream(self._anthropic_events(handle, params.model), handle)
         tokens = await self._finish(handle)
         usage = r.anthropic_usage(handle.prompt_tokens, handle.cached_tokens, len(tokens))
         out = r.anthropic_message(
-            r.new_id("msg_"), params.model, self.tokenizer.decode(tokens), handle.finish_reason, usage
+            r.new_id("msg_"), params.model, self.codec.decode(tokens), handle.finish_reason, usage
         )
         return json_response(out)
 
@@ -211,7 +209,7 @@ class EngineApi:
                 yield r.sse_event("content_block_start", block)
                 yield r.sse_event("ping", {"type": "ping"})
                 started = True
-            delta = {"type": "text_delta", "text": self.tokenizer.decode(ids)}
+            delta = {"type": "text_delta", "text": self.codec.decode(ids)}
             yield r.sse_event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
         if not started:
             yield r.sse_event("error", r.anthropic_error(EngineBusy("Overloaded")))
@@ -230,15 +228,15 @@ class EngineApi:
             resolve_model(body, self.served)
         req = tokenize_request(body)
         if req.messages is not None:
-            text = render(
+            text = self.codec.render_chat(
                 req.messages,
                 add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message,
             )
         else:
             text = req.text or ""
-        ids = self.tokenizer.encode(text)
-        strs = self.tokenizer.token_strings(ids) if req.return_token_strs else None
+        ids = self.codec.encode(text, add_special_tokens=req.add_special_tokens)
+        strs = self.codec.token_strings(ids) if req.return_token_strs else None
         out = {"count": len(ids), "max_model_len": self.engine.config.max_model_len, "tokens": ids, "token_strs": strs}
         return json_response(out)
 
@@ -246,8 +244,8 @@ class EngineApi:
         body = await read_json(request)
         if body.get("model") is not None:
             resolve_model(body, self.served)
-        ids = detokenize_tokens(body, self.tokenizer.vocab_size)
-        return json_response({"prompt": self.tokenizer.decode(ids)})
+        ids = detokenize_tokens(body, self.codec.vocab_size)
+        return json_response({"prompt": self.codec.decode(ids)})
 
     async def embeddings(self, request: Request) -> Response:
         body = await read_json(request)
@@ -256,9 +254,9 @@ class EngineApi:
         data, total = [], 0
         for index, item in enumerate(req.inputs):
             if isinstance(item, str):
-                text, count = item, len(self.tokenizer.encode(item))
+                text, count = item, len(self.codec.encode(item, add_special_tokens=True))
             else:
-                text, count = self.tokenizer.decode(self._check_ids(item)), len(item)
+                text, count = self.codec.decode(self._check_ids(item)), len(item)
             total += count
             vec = emb.truncate(emb.embed(text, dim), req.dimensions)
             value: Any = emb.encode_base64(vec) if req.encoding_format == "base64" else vec.tolist()

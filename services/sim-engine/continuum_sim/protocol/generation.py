@@ -1,9 +1,14 @@
-"""Deterministic "model output": plausible English drawn from the vocabulary's word tokens.
+"""Deterministic "model output": plausible English drawn from a fixed word list.
 
-The same prompt (and `seed`) always yields the same tokens. Every generated sequence is the
-tokenizer's own encoding of its text — words carry their leading space and punctuation never
-doubles up — so a client that sends the answer back in the next turn reproduces the exact token
-ids and hits the blocks the engine cached while decoding (as with a real model and tokenizer).
+The same prompt (and `seed`) always yields the same tokens. Text is built from units — a
+capitalised first word, " word", " Word", ".", "," — each a fixed id sequence: one token each
+with the built-in tokenizer (`TextGenerator(tokenizer)`), the tokenizer's encoding of the unit
+with a Hugging Face one (`TextGenerator.from_encoder(encode)`). Words carry their leading space
+and punctuation never doubles up, so the ids are the tokenizer's own encoding of the text (for
+byte-level BPE every unit boundary is a pre-token boundary): a client that sends the answer back
+in the next turn reproduces the exact ids and hits the blocks the engine cached while decoding,
+as with a real model and tokenizer. An answer of `count` tokens is cut at `count` ids, which can
+split the last word when units are several tokens long.
 """
 
 from __future__ import annotations
@@ -11,56 +16,73 @@ from __future__ import annotations
 import random
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from continuum_sim.protocol.tokenizer import Tokenizer
 from continuum_sim.protocol.words import GENERATION_WORDS
 
+Unit = tuple[int, ...]
+
 
 class TextGenerator:
     def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self._first = self._ids([w.capitalize() for w in GENERATION_WORDS])
-        self._words = self._ids([" " + w for w in GENERATION_WORDS])
-        self._capital = self._ids([" " + w.capitalize() for w in GENERATION_WORDS])
-        period, comma = tokenizer.token_id("."), tokenizer.token_id(",")
-        if period is None or comma is None:
-            raise RuntimeError("vocabulary lacks '.' or ','")
-        self._period, self._comma = period, comma
-
-    def _ids(self, texts: Sequence[str]) -> list[int]:
-        out: list[int] = []
-        for text in texts:
-            token = self.tokenizer.token_id(text)
+        def single(text: str) -> Unit:
+            token = tokenizer.token_id(text)
             if token is None:
-                raise RuntimeError(f"generation word {text!r} is not a single token")
-            out.append(token)
-        return out
+                raise RuntimeError(f"generation unit {text!r} is not a single token")
+            return (token,)
+
+        self._set_units(single)
+
+    @classmethod
+    def from_encoder(cls, encode: Callable[[str], Sequence[int]]) -> TextGenerator:
+        """A generator whose units are `encode(unit_text)` (no special tokens added)."""
+        generator = cls.__new__(cls)
+
+        def unit(text: str) -> Unit:
+            ids = tuple(encode(text))
+            if not ids:
+                raise RuntimeError(f"generation unit {text!r} encodes to no token")
+            return ids
+
+        generator._set_units(unit)
+        return generator
+
+    def _set_units(self, unit: Callable[[str], Unit]) -> None:
+        self._first = [unit(w.capitalize()) for w in GENERATION_WORDS]
+        self._words = [unit(" " + w) for w in GENERATION_WORDS]
+        self._capital = [unit(" " + w.capitalize()) for w in GENERATION_WORDS]
+        self._period, self._comma = unit("."), unit(",")
 
     def tokens(self, count: int, rng: random.Random, *, leading_space: bool = False) -> list[int]:
         """`count` tokens of sentence-like text; starts with a capitalised word (with a leading
         space when the text will follow other text)."""
         out: list[int] = []
+        last: Unit | None = None
         since_period = 0
         choice = rng.choice
         while len(out) < count:
-            if not out:
-                out.append(choice(self._capital if leading_space else self._first))
-            elif out[-1] == self._period:
-                out.append(choice(self._capital))
-            elif out[-1] == self._comma:
-                out.append(choice(self._words))
+            if last is None:
+                unit = choice(self._capital if leading_space else self._first)
+            elif last is self._period:
+                unit = choice(self._capital)
+            elif last is self._comma:
+                unit = choice(self._words)
             elif since_period >= 6 and rng.random() < 0.12:
-                out.append(self._period)
+                last = self._period
+                out += last
                 since_period = 0
                 continue
             elif since_period >= 3 and rng.random() < 0.05:
-                out.append(self._comma)
+                last = self._comma
+                out += last
                 continue
             else:
-                out.append(choice(self._words))
+                unit = choice(self._words)
+            out += unit
+            last = unit
             since_period += 1
-        return out
+        return out[:count]
 
     def answer(self, prompt_ids: Sequence[int], count: int, seed: int | None = None) -> list[int]:
         """The simulated completion of a prompt."""

@@ -115,6 +115,7 @@ class TokenizeRequest:
     add_generation_prompt: bool
     continue_final_message: bool
     return_token_strs: bool
+    add_special_tokens: bool = False
 
 
 def tokenize_request(body: Mapping[str, Any]) -> TokenizeRequest:
@@ -125,12 +126,13 @@ def tokenize_request(body: Mapping[str, Any]) -> TokenizeRequest:
         cont = _bool_field(body, "continue_final_message", False)
         if gen and cont:
             raise InvalidRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-        return TokenizeRequest(None, chat_messages(body), gen, cont, strs)
+        special = _bool_field(body, "add_special_tokens", False)
+        return TokenizeRequest(None, chat_messages(body), gen, cont, strs, special)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise InvalidRequest("'prompt' (string) or 'messages' (array) is required", param="prompt")
-    _bool_field(body, "add_special_tokens", True)
-    return TokenizeRequest(prompt, None, False, False, strs)
+    special = _bool_field(body, "add_special_tokens", True)
+    return TokenizeRequest(prompt, None, False, False, strs, special)
 
 
 def detokenize_tokens(body: Mapping[str, Any], vocab_size: int) -> list[int]:
