@@ -15,6 +15,9 @@ so that removals, tier moves and children stored later can be translated.
 * The map holds at most `capacity` blocks; the least recently stored go first, and a block that
   goes while resident is withdrawn (published as removed): the listener can no longer translate
   its removal, and the index must never claim a block that may be gone.
+* Two engine blocks can share a content key (the same tokens under another cache_salt or LoRA,
+  which TensorRT-LLM hashes in and the content key cannot see): a key stays published in a tier
+  until the last engine block holding it there is gone (a count per key and tier).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Rekeyer:
         self.configured = block_size
         self.learned = 0
         self.entries: OrderedDict[int, _Entry] = OrderedDict()
+        self.refs: dict[tuple[int, int], int] = {}  # (key, tier) -> resident engine blocks
         self.pruned = 0  # entries dropped by the capacity bound (withdrawn when resident)
 
     def __len__(self) -> int:
@@ -100,21 +104,41 @@ class Rekeyer:
             if entry.key != new.key:  # the engine reused a hash for other content: the old key is gone
                 self._withdraw_entry(entry, out)
                 entry.digest, entry.key, entry.parent, entry.tokens = new.digest, new.key, new.parent, new.tokens
-        entry.tiers |= 1 << tier
+        self._enter(entry, tier)
+
+    def _enter(self, entry: _Entry, tier: int) -> None:
+        bit = 1 << tier
+        if not entry.tiers & bit:
+            entry.tiers |= bit
+            ref = (entry.key, tier)
+            self.refs[ref] = self.refs.get(ref, 0) + 1
+
+    def _leave(self, entry: _Entry, tier: int) -> bool:
+        """Take the entry out of `tier`; True when no engine block holds its key there any more."""
+        bit = 1 << tier
+        if not entry.tiers & bit:
+            return False
+        entry.tiers &= ~bit
+        ref = (entry.key, tier)
+        left = self.refs.get(ref, 1) - 1
+        if left > 0:
+            self.refs[ref] = left
+            return False
+        self.refs.pop(ref, None)
+        return True
 
     def removed(self, event: Removed, out: EventBuilder, skipped: dict[str, int]) -> None:
         """`medium` None (TensorRT-LLM's removal) takes the block out of every tier."""
-        mask = 0b11 if event.medium is None else 1 << medium_tier(event.medium)
+        tiers = _TIERS if event.medium is None else (medium_tier(event.medium),)
         gone: tuple[list[int], list[int]] = ([], [])
         for engine_hash in event.hashes:
             entry = self.entries.get(engine_hash)
             if entry is None:
                 _count(skipped, "unknown_block", 1)
                 continue
-            for tier in _TIERS:
-                if entry.tiers & mask & (1 << tier):
+            for tier in tiers:  # the entry stays: a late child or a repeated removal still translates
+                if self._leave(entry, tier):
                     gone[tier].append(entry.key)
-            entry.tiers &= ~mask  # kept: a late child or a repeated removal still translates
         for tier in _TIERS:
             out.removed(gone[tier], tier)
 
@@ -126,16 +150,15 @@ class Rekeyer:
         old, new = medium_tier(event.old_medium), medium_tier(event.new_medium)
         if old == new:
             return
+        self._enter(entry, new)
         out.stored([entry.key], entry.parent, entry.tokens, new)
-        if entry.tiers & (1 << old):
+        if self._leave(entry, old):
             out.removed([entry.key], old)
-        entry.tiers = (entry.tiers & ~(1 << old)) | (1 << new)
 
     def _withdraw_entry(self, entry: _Entry, out: EventBuilder) -> None:
         for tier in _TIERS:
-            if entry.tiers & (1 << tier):
+            if self._leave(entry, tier):
                 out.removed([entry.key], tier)
-        entry.tiers = 0
 
     def _bound(self, out: EventBuilder) -> None:
         while len(self.entries) > self.capacity:
@@ -146,13 +169,11 @@ class Rekeyer:
     def withdraw(self, out: EventBuilder) -> None:
         """The rank restarted or lost events: everything it held is gone (its removals)."""
         gone: tuple[list[int], list[int]] = ([], [])
-        for entry in self.entries.values():
-            for tier in _TIERS:
-                if entry.tiers & (1 << tier):
-                    gone[tier].append(entry.key)
+        for key, tier in self.refs:
+            gone[tier].append(key)
         for tier in _TIERS:
             out.removed(gone[tier], tier)
-        self.entries.clear()
+        self.clear()
 
     def restate(self, out: EventBuilder) -> None:
         """Every resident block as a store (a resync restates the state in a new epoch)."""
@@ -163,6 +184,7 @@ class Rekeyer:
 
     def clear(self) -> None:
         self.entries.clear()
+        self.refs.clear()
 
     def take_pruned(self) -> int:
         pruned, self.pruned = self.pruned, 0

@@ -114,8 +114,8 @@ class EventBuilder:
         self._events.append(_Pending(2, list(hashes), None, 0, tier))
 
     def cleared(self) -> None:
-        """AllCleared voids every earlier event of the batch: they are left out."""
-        self._events = [_Pending(3, [], None, 0, 0)]
+        if not self._events or self._events[-1].kind != 3:  # twice in a row says it once
+            self._events.append(_Pending(3, [], None, 0, 0))
 
     def build(self) -> list[BlockEvent]:
         out: list[BlockEvent] = []
@@ -169,8 +169,9 @@ class BlockMapper:
 
 
 def split(events: Sequence[BlockEvent], max_hashes: int) -> list[list[BlockEvent]]:
-    """Chunks of at most `max_hashes` hashes and MAX_EVENTS_PER_BATCH events, in order. The
-    common case (a batch within bounds) returns the events as the only chunk."""
+    """Chunks of at most `max_hashes` hashes and MAX_EVENTS_PER_BATCH events, in order, each
+    filled before the next starts. The common case (a batch within bounds) returns the events
+    as the only chunk."""
     total = 0
     for event in events:
         if not isinstance(event, AllCleared):
@@ -186,29 +187,28 @@ def split(events: Sequence[BlockEvent], max_hashes: int) -> list[list[BlockEvent
                 room = max_hashes
             chunks[-1].append(event)
             continue
-        for part in _parts(event, max_hashes):
-            n = len(part.hashes)
-            if n > room or len(chunks[-1]) >= MAX_EVENTS_PER_BATCH:
+        hashes, start = event.hashes, 0
+        while start < len(hashes):
+            if room == 0 or len(chunks[-1]) >= MAX_EVENTS_PER_BATCH:
                 chunks.append([])
                 room = max_hashes
-            chunks[-1].append(part)
-            room -= n
+            take = min(room, len(hashes) - start)
+            chunks[-1].append(_part(event, start, take))
+            room -= take
+            start += take
     return [c for c in chunks if c]
 
 
-def _parts(event: BlocksStored | BlocksRemoved, size: int) -> list[BlocksStored | BlocksRemoved]:
-    hashes = event.hashes
-    if len(hashes) <= size:
-        return [event]
+def _part(event: BlocksStored | BlocksRemoved, start: int, take: int) -> BlockEvent:
+    """hashes[start:start + take] of `event`; a store's part keeps its chain (its parent is
+    the hash before it)."""
+    if start == 0 and take == len(event.hashes):
+        return event
+    hashes = event.hashes[start : start + take]
     if isinstance(event, BlocksRemoved):
-        return [BlocksRemoved(hashes[i : i + size], event.tier) for i in range(0, len(hashes), size)]
-    parts: list[BlocksStored | BlocksRemoved] = []
-    parent = event.parent
-    for i in range(0, len(hashes), size):
-        chunk = hashes[i : i + size]
-        parts.append(BlocksStored(chunk, parent, event.block_tokens, event.tier))
-        parent = chunk[-1]
-    return parts
+        return BlocksRemoved(hashes, event.tier)
+    parent = event.parent if start == 0 else event.hashes[start - 1]
+    return BlocksStored(hashes, parent, event.block_tokens, event.tier)
 
 
 def content_digest(parent: bytes | None, tokens: Sequence[int]) -> bytes:
