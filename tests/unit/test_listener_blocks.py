@@ -60,8 +60,9 @@ SGLANG_STORED = BlocksStored([S1, S2, S3], None, 16, 0)  # one event per page, o
 
 def expected_for(path: Path) -> list[BlockEvent]:
     name = path.stem.replace("_byteshash", "").replace("_signedhash", "")
+    table: dict[str, list[BlockEvent]]
     if path.parent.parent.name == "vllm":
-        return {
+        table = {
             "batch_stored": [VLLM_STORED],
             "batch_removed": [BlocksRemoved([H3], 0)],
             "batch_cleared": [AllCleared()],
@@ -72,15 +73,17 @@ def expected_for(path: Path) -> list[BlockEvent]:
                 BlocksRemoved([H3], 1),
             ],
             "batch_stored_extra_keys": [BlocksStored([2197223920272708758, 16013674178361169814], None, 16, 0)],
-        }[name]
-    return {
+        }
+        return table[name]
+    table = {
         "batch_cleared": [AllCleared()],
         "batch_stored_page16": [SGLANG_STORED],
         "batch_mixed_page16": [SGLANG_STORED, BlocksRemoved([S1, S2, S3], 0), AllCleared()],
         "batch_removed_page16": [BlocksRemoved([S1, S2, S3], 0)],
         "batch_stored_host_cpu_pinned": [BlocksStored([S1], None, 16, 1)],
         "batch_stored_page1": [BlocksStored([P1, P2, P3], None, 1, 0)],
-    }[name]
+    }
+    return table[name]
 
 
 def test_every_fixture_is_covered() -> None:

@@ -163,11 +163,11 @@ def test_arbitrary_histories_publish_only_known_content(
     rekeyer = Rekeyer(capacity, block_size=2)
     published: set[tuple[int, int]] = set()
     for kind, block, parent, tokens, level in ops:
-        out, skipped = EventBuilder(), {}
+        out, skipped = EventBuilder(), dict[str, int]()
         if kind == "store":
             toks = [t for t in tokens for _ in range(2)][:2]
-            for event in stored_events(trt_stored(parent, trt_block(block, toks, level=level))):
-                rekeyer.stored(event, out, skipped)
+            for store in stored_events(trt_stored(parent, trt_block(block, toks, level=level))):
+                rekeyer.stored(store, out, skipped)
         elif kind == "remove":
             rekeyer.removed(Removed([block], None), out, skipped)
         else:
