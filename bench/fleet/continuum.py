@@ -138,9 +138,10 @@ async def kv_stack(ctx: FleetContext, stack: KvStack) -> AsyncIterator[list[str]
         await nats.start()
         exits.push_async_callback(nats.close)
         listener = ctx.write_yaml(f"listener-{stack.name}.yaml", listener_config(ctx, stack, nats.url, str(salt)))
-        await exits.enter_async_context(
-            process([*console("continuum-kv-listener"), "--config", str(listener)], ctx.log(f"listener-{stack.name}"))
-        )
+        argv = [*console("continuum-kv-listener"), "--config", str(listener)]
+        helpers = [
+            await exits.enter_async_context(process(argv, ctx.log(f"listener-{stack.name}"), ready=r"listening on \S+"))
+        ]
         config = continuum_config(ctx, "PrefixAwareHash", prefix_routing=True)
         config["bus"] = {"embedded": False, "url": nats.url}
         config["kv_cache_index"] = kv_index_config(ctx, stack, str(salt))
@@ -151,13 +152,16 @@ async def kv_stack(ctx: FleetContext, stack: KvStack) -> AsyncIterator[list[str]
             config["redis"] = {"url": redis.url}
             path = ctx.write_yaml(f"indexer-{stack.name}.yaml", config)
             argv = [*console("continuum-indexer"), "--config", str(path), "--nats-url", nats.url, "--listen", "off"]
-            await exits.enter_async_context(process(argv, ctx.log(f"indexer-{stack.name}")))
+            helpers.append(await exits.enter_async_context(process(argv, ctx.log(f"indexer-{stack.name}"))))
         urls = []
         for replica in range(stack.replicas):
             name = stack.name if stack.replicas == 1 else f"{stack.name}-{replica}"
             urls.append(await exits.enter_async_context(continuum_ingress(ctx, name, config)))
         for url in urls:
             await _wait_kv_ready(url, stack.backend)
+        for proc, _ in helpers:  # a helper that rejected its config has exited by now
+            if proc.returncode is not None:
+                raise RuntimeError(f"a helper of {stack.name} exited with {proc.returncode}; see {ctx.work_dir}")
         yield urls
 
 

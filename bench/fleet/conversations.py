@@ -217,18 +217,25 @@ class _BlockIds:
         return self._ids.setdefault(key, len(self._ids))
 
 
-def mooncake_lines(plans: Sequence[ConversationPlan], shape: ConversationShape, seed: int) -> list[TraceLine]:
-    """The plan as trace lines (one per turn, in time order)."""
+def mooncake_turns(
+    plans: Sequence[ConversationPlan], shape: ConversationShape, seed: int
+) -> list[tuple[ConversationPlan, int, TraceLine]]:
+    """Every turn of the plan as a trace line, in time order, with its conversation and turn."""
     lengths = system_lengths(shape, seed)
     turns = sorted(((step.at, plan, k) for plan in plans for k, step in enumerate(plan.turns)), key=lambda x: x[0])
     ids = _BlockIds()
-    lines: list[TraceLine] = []
+    out: list[tuple[ConversationPlan, int, TraceLine]] = []
     for at, plan, k in turns:
         segments = _segments(plan, k, lengths[plan.system])
         hash_ids = ids.chain(segments)
         tokens = sum(length for _, length in segments)
-        lines.append(TraceLine(int(at * 1000), tokens, plan.turns[k].output_tokens, tuple(hash_ids)))
-    return lines
+        out.append((plan, k, TraceLine(int(at * 1000), tokens, plan.turns[k].output_tokens, tuple(hash_ids))))
+    return out
+
+
+def mooncake_lines(plans: Sequence[ConversationPlan], shape: ConversationShape, seed: int) -> list[TraceLine]:
+    """The plan as Mooncake trace lines (one per turn, in time order)."""
+    return [line for _, _, line in mooncake_turns(plans, shape, seed)]
 
 
 # -- the live workload -----------------------------------------------------------------------

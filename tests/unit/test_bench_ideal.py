@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bench.fleet.ideal import IdealCache
-from bench.fleet.trace import TRACE_BLOCK, BlockTexts, synthesize
 from bench.fleet.tokens import BuiltinCodec, Texts
+from bench.fleet.trace import TRACE_BLOCK, BlockTexts, synthesize
 from continuum_sim.protocol.tokenizer import Tokenizer
 
 
