@@ -121,9 +121,8 @@ async def _one_run(ctx: FleetContext, name: str, workload: str, info: Path, tap:
             base, workload=workload, router=",".join(router_urls(yielded)), router_label=name, fleet_file=str(info),
             name=f"compare-{workload}-{name}", command=f"{base.command} (workload {workload}, router {name})",
         )  # fmt: skip
-        if tap is not None:
-            tap.reset()  # what the router did while starting is not per request
-        report, results = await run_fleet_bench(opts)
+        # What the router did while starting (and the readiness probe) is not per request.
+        report, results = await run_fleet_bench(opts, before_run=tap.reset if tap else None)
         if tap is not None:
             report["engine_calls"] = {
                 "routed_requests": len(results), "by_route": tap.totals(), "by_engine": tap.counts(),

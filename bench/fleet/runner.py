@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -233,7 +233,11 @@ def router_base(router: str) -> str:
     return base if base.endswith("/v1") else base + "/v1"
 
 
-async def run_fleet_bench(opts: FleetBenchOptions) -> tuple[dict[str, Any], list[RequestResult]]:
+async def run_fleet_bench(
+    opts: FleetBenchOptions, *, before_run: Callable[[], None] | None = None
+) -> tuple[dict[str, Any], list[RequestResult]]:
+    """One run; `before_run` is called right before the first request is sent (after the
+    router answered its readiness probe and the engines' caches were reset)."""
     codec = codec_for(opts)
     workload = build_workload(opts, Texts(codec))
     async with open_fleet(opts) as (endpoints, pid):
@@ -262,6 +266,8 @@ async def run_fleet_bench(opts: FleetBenchOptions) -> tuple[dict[str, Any], list
                 await reset_all(http, urls)
             before = await scrape_all(http, urls)
             sampling = asyncio.create_task(sampler.run())
+            if before_run is not None:
+                before_run()
             start = time.monotonic()
             try:
                 results = await driver.run(workload)

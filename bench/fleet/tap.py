@@ -140,17 +140,20 @@ class EngineTap:
             writer.close()
             return
         back = asyncio.create_task(_relay(up_reader, writer))
+        clean = False
         try:
             await self._requests(index, reader, up_writer)
+            clean = True
         except (HttpFramingError, asyncio.LimitOverrunError, ValueError):
             self.errors += 1
         except (OSError, asyncio.IncompleteReadError, TimeoutError):
             pass  # a side went away: close both
         finally:
-            # Let the last response finish streaming back before closing (a client that
-            # half-closes after its request still gets its answer).
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(back), IDLE_TIMEOUT_S)
+            if clean:
+                # The client half-closed after its last request: let that response finish
+                # streaming back before closing.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(back), IDLE_TIMEOUT_S)
             back.cancel()
             for w in (up_writer, writer):
                 w.close()
