@@ -150,6 +150,12 @@ class KvAdminEndpoints:
             index = await self._direct_index_stats()
         counters = kv.prefix_scorer.counters
         index["total_hits"] = counters.hits
+        blocks = (view or {}).get("blocks")
+        if kv.embedded is not None:
+            try:
+                blocks = indexer_admin.blocks_body(await kv.embedded.blocks.block_stats())
+            except KvIndexError:
+                blocks = None
         heartbeats = await kv.bus.heartbeats()
         sources = [heartbeat_source(h) for h in heartbeats]
         for s in (view or {}).get("event_sources") or []:
@@ -189,6 +195,7 @@ class KvAdminEndpoints:
             "lookups": {"total": counters.lookups, "hits": counters.hits, "errors": counters.errors},
             "speculative": {"entries": len(kv.speculative), "routes": counters.speculative_routes},
             "route_memory": {"entries": kv.selector.recorded_entries()},
+            "blocks": blocks,
             "index_source": origin,
             "indexer": None
             if view is None or origin != "indexer"
