@@ -93,3 +93,14 @@ def test_conversation_bytes_of_each_api() -> None:
     u = conversation_bytes(Api.CHAT, {"messages": [{"role": "user", "content": "x"}]})
     s = conversation_bytes(Api.CHAT, {"messages": [{"role": "system", "content": "x"}]})
     assert u != s
+
+
+def test_extends_continues_what_the_index_confirms() -> None:
+    memory = RouteMemory(10.0)
+    chain = list(range(100, 110))
+    memory.record("a", chain[4:8], now=0.0)  # the engine had already reported blocks 0-3
+    assert memory.extends("a", chain, 4, now=1.0) == 8
+    assert memory.extends("a", chain, 6, now=1.0) == 8  # the index caught up further
+    assert memory.extends("a", chain, 2, now=1.0) == 2  # records do not continue from there
+    assert memory.extends("b", chain, 3, now=1.0) == 3
+    assert memory.extends("a", chain, 4, now=11.0) == 4  # expired

@@ -1,4 +1,6 @@
-"""Routing decisions shared between ingress replicas (core NATS, subject `continuum.kv.decisions`).
+"""Routing decisions shared between ingress replicas (core NATS, subject
+`continuum.kv.decisions.<replica>`; every replica subscribes to `continuum.kv.decisions.*` and
+skips its own subject without decoding it).
 
 Each replica publishes, for every request it routes with the KV scorer, the chain of keys it
 sent and where; every other replica records it as if it had routed the request itself
@@ -14,18 +16,32 @@ the uncached prompt the backend was given (the replicas' shared view of recent d
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Final
 
 import msgspec
 
 from continuum_common.errors import ContinuumError
 
-SUBJECT: Final = "continuum.kv.decisions"
+SUBJECT_PREFIX: Final = "continuum.kv.decisions."
+SUBJECT_WILDCARD: Final = "continuum.kv.decisions.*"
 KIND_SPECULATIVE: Final = 0
 KIND_APPROXIMATE: Final = 1
 MAX_KEYS: Final = 1 << 17
 
 _U64 = Annotated[int, msgspec.Meta(ge=0)]
+
+
+_REPLICA_RE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def replica_id(host: str, pid: int, nonce: str) -> str:
+    """A replica's id: safe as a NATS subject token."""
+    return _REPLICA_RE.sub("_", f"{host}-{pid}-{nonce}")[:120]
+
+
+def subject_for(replica: str) -> str:
+    return SUBJECT_PREFIX + replica
 
 
 class DecisionDecodeError(ContinuumError, ValueError):

@@ -43,7 +43,7 @@ from continuum_common.kvindex import KvIndex
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.kvindex.blocks import BlockIndexReader, MatchQuery
 from continuum_common.redis_client import RedisClient
-from continuum_common.wire.decisions import Decision
+from continuum_common.wire.decisions import Decision, replica_id
 from continuum_indexer.embedded import EmbeddedKvIndex
 from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.kv.adapters.bus import BusReader, connect_client
@@ -90,7 +90,7 @@ class KvRouting:
             on_speculative_route=self.metrics.speculative_routes.inc,
         )
         self.block_reads = BlockReads(observe=self._observe_block_read)
-        self.replica = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.replica = replica_id(socket.gethostname(), os.getpid(), secrets.token_hex(3))
         # Raises ConfigError for an unreadable tokenizer / chat template of a precise group.
         self.selector = KvSelector(
             config,

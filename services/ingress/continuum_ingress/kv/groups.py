@@ -134,17 +134,21 @@ class GroupRuntime:
 def chat_messages(api: Api, body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """OpenAI-shaped messages for a chat template (Anthropic's top-level system becomes the
     first message; content arrays keep their text parts, as vLLM does before templating)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        messages = []
+    plain = all(isinstance(m, dict) and isinstance(m.get("content"), str | None) for m in messages)
+    if plain and not (api is Api.MESSAGES and body.get("system") is not None):
+        return messages  # the common case: nothing to convert, no copy
     out: list[dict[str, Any]] = []
     if api is Api.MESSAGES and body.get("system") is not None:
         out.append({"role": "system", "content": content_text(body.get("system"))})
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, Mapping):
-                item = dict(message)
-                if not isinstance(item.get("content"), str | None):
-                    item["content"] = content_text(item.get("content"))
-                out.append(item)
+    for message in messages:
+        if isinstance(message, Mapping):
+            item = dict(message)
+            if not isinstance(item.get("content"), str | None):
+                item["content"] = content_text(item.get("content"))
+            out.append(item)
     return out
 
 

@@ -70,6 +70,15 @@ class RouteMemory:
                 out[backend] = held
         return out
 
+    def extends(self, backend: str, chain: Sequence[int], start: int, now: float) -> int:
+        """How far the records of `backend` continue `chain` past its first `start` hashes
+        (which the caller knows are held: precise mode records only what the engine has not
+        reported yet); `start` when they do not continue it."""
+        entries = self._backends.get(backend)
+        if not entries or start >= len(chain):
+            return start
+        return start + _leading(entries, chain[start:], now)
+
     def wipe(self, backend: str) -> None:
         """Forget a backend (its engine cleared its cache or restarted)."""
         self._backends.pop(backend, None)

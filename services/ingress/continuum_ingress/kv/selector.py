@@ -25,7 +25,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from continuum_common.config.router import RouterConfig
@@ -68,6 +68,8 @@ class _Plan:
     prompt_tokens: int
     held: dict[str, Held]
     legacy: bool = False
+    # precise mode: leading blocks of the chain the block index confirms, per backend
+    indexed: dict[str, int] = field(default_factory=dict)
 
 
 class KvSelector:
@@ -123,7 +125,7 @@ class KvSelector:
             keys = await self._keys(group, state, snapshot, members)
             plan.keys[name] = keys
             plan.prompt_tokens = max(plan.prompt_tokens, keys.prompt_tokens)
-            await self._held(group, keys, state, members, plan.held)
+            await self._held(group, keys, state, members, plan)
         now = self.clock()
         loads = [
             CandidateLoad(
@@ -185,13 +187,9 @@ class KvSelector:
         return group.keys_from_tokens(state, tokens)
 
     async def _held(
-        self,
-        group: GroupRuntime,
-        keys: RequestKeys,
-        state: RequestState,
-        members: Sequence[BackendState],
-        held: dict[str, Held],
+        self, group: GroupRuntime, keys: RequestKeys, state: RequestState, members: Sequence[BackendState], plan: _Plan
     ) -> None:
+        held = plan.held
         names = [m.name for m in members]
         now = self.clock()
         prompt = keys.prompt_tokens
@@ -210,12 +208,13 @@ class KvSelector:
         except KvIndexError:
             self.metrics.block_read_errors.inc()
             matches = {}
-        speculative = group.memory.match(keys.chain, names, now)
         for backend in names:
             m = matches.get(backend)
             gpu = m.gpu_blocks if m is not None else 0
             anyt = m.any_blocks if m is not None else 0
-            spec = speculative.get(backend, 0)
+            plan.indexed[backend] = anyt
+            # speculative entries continue what the engine already reported (see note())
+            spec = group.memory.extends(backend, keys.chain, anyt, now)
             if spec > anyt:
                 held[backend] = Held(min(prompt, round(spec * per_key)), min(prompt, round(spec * per_key)), True)
             elif anyt > 0:
@@ -269,19 +268,22 @@ class KvSelector:
         if keys is None or not keys.chain:
             return
         now = self.clock()
+        h = plan.held.get(backend.name)
+        recorded = keys.chain
         if keys.mode == "precise":
-            group.memory.record(backend.name, keys.chain, now)
+            # Only what the engine has not reported yet: the reported head is in the index.
+            recorded = keys.chain[plan.indexed.get(backend.name, 0) :]
+            group.memory.record(backend.name, recorded, now)
             kind = KIND_SPECULATIVE
         else:
             memory = group.fallback_memory if group.fallback_memory is not None else group.memory
-            memory.record(backend.name, keys.chain, now)
+            memory.record(backend.name, recorded, now)
             kind = KIND_APPROXIMATE
-        h = plan.held.get(backend.name)
         fresh = max(0, plan.prompt_tokens - (h.any_tokens if h is not None else 0))
         state.prefill_tokens = fresh
         self.demand.add(backend.name, fresh, now)
         if self.share is not None and self.share_decisions:
-            self.share(Decision(self.replica, group.name, backend.name, kind, time.time(), list(keys.chain), fresh))
+            self.share(Decision(self.replica, group.name, backend.name, kind, time.time(), list(recorded), fresh))
 
     def _in_prefix_group(self, backend: str) -> bool:
         group = self.group_of.get(backend) or self.groups["*"]
@@ -294,6 +296,7 @@ class KvSelector:
             return
         self.demand.add(decision.backend, decision.new_tokens, self.clock())
         if decision.kind == KIND_SPECULATIVE and group.mode == "precise":
+            # the part of the chain the sender's (and so our) block index did not confirm yet
             group.memory.record(decision.backend, decision.keys, self.clock())
         elif decision.kind == KIND_APPROXIMATE:
             memory = group.fallback_memory if group.fallback_memory is not None else group.memory

@@ -4,7 +4,8 @@
 Publishing never blocks a request: `offer()` puts the decision in a bounded queue that one task
 drains into the NATS client; when the queue is full (NATS slow or down) the decision is dropped
 and counted. Received decisions from other replicas are handed to `on_decision`; undecodable
-ones are counted and dropped. This replica's own messages are ignored by their replica id.
+ones are counted and dropped. This replica's own messages (NATS echoes them) are recognised by
+their subject and skipped without decoding.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from continuum_common.wire.decisions import SUBJECT, Decision, DecisionDecodeError, decode_decision, encode_decision
+from continuum_common.wire.decisions import (
+    SUBJECT_WILDCARD,
+    Decision,
+    DecisionDecodeError,
+    decode_decision,
+    encode_decision,
+    subject_for,
+)
 
 log = logging.getLogger("continuum.ingress.kv")
 
@@ -37,6 +45,7 @@ class DecisionShare:
     ) -> None:
         self.nc = nc
         self.replica = replica
+        self.subject = subject_for(replica)
         self.on_decision = on_decision
         self.on_drop = on_drop or (lambda reason: None)
         self._queue: asyncio.Queue[bytes] = asyncio.Queue(queue_size)
@@ -55,12 +64,12 @@ class DecisionShare:
 
     async def run(self) -> None:
         """Subscribe, then publish queued decisions until cancelled (NATS must be connected)."""
-        self._sub = await self.nc.subscribe(SUBJECT, cb=self._received)
+        self._sub = await self.nc.subscribe(SUBJECT_WILDCARD, cb=self._received)
         try:
             while True:
                 payload = await self._queue.get()
                 try:
-                    await self.nc.publish(SUBJECT, payload)
+                    await self.nc.publish(self.subject, payload)
                     self.sent += 1
                 except Exception as exc:  # nats-py raises several types when disconnected
                     self.on_drop("publish_failed")
@@ -70,6 +79,8 @@ class DecisionShare:
                 await self._sub.unsubscribe()
 
     async def _received(self, msg: Msg) -> None:
+        if msg.subject == self.subject:
+            return
         try:
             decision = decode_decision(msg.data)
         except DecisionDecodeError:
