@@ -77,6 +77,9 @@ class RouteMemory:
         entries = self._backends.get(backend)
         if not entries or start >= len(chain):
             return start
+        first = entries.get(chain[start])
+        if first is None or first <= now:  # the records start further on: they do not continue it
+            return start
         return start + _leading(entries, chain[start:], now)
 
     def wipe(self, backend: str) -> None:
