@@ -147,9 +147,7 @@ class Forwarder:
         headers = dialect.headers(state.api, snapshot.api_keys.get(spec.name), state.client)
         start = self.clock()
         backend.begin(start)
-        # The scorer's prefill estimate stays queued on the backend until the first byte
-        # (_stream) or the end of the attempt, whichever comes first.
-        backend.queue_prefill(state.prefill_tokens)
+        backend.queue_prefill(state.prefill_tokens)  # released at the first byte (_stream) or the end
         try:
             response = await self._send(client, target, headers, content, backend)
             try:

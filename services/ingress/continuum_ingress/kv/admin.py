@@ -150,12 +150,7 @@ class KvAdminEndpoints:
             index = await self._direct_index_stats()
         counters = kv.prefix_scorer.counters
         index["total_hits"] = counters.hits
-        blocks = (view or {}).get("blocks")
-        if kv.embedded is not None:
-            try:
-                blocks = indexer_admin.blocks_body(await kv.embedded.blocks.block_stats())
-            except KvIndexError:
-                blocks = None
+        blocks = await self._blocks_view(view)
         heartbeats = await kv.bus.heartbeats()
         sources = [heartbeat_source(h) for h in heartbeats]
         for s in (view or {}).get("event_sources") or []:
@@ -202,6 +197,15 @@ class KvAdminEndpoints:
             else {"replica": view.get("replica"), "consumer": view.get("consumer")},
         }
         return JSONResponse(body)
+
+    async def _blocks_view(self, view: dict[str, Any] | None) -> Any:
+        """The block index per backend: embedded (memory mode) or the indexer's (redis mode)."""
+        if self.kv.embedded is None:
+            return (view or {}).get("blocks")
+        try:
+            return indexer_admin.blocks_body(await self.kv.embedded.blocks.block_stats())
+        except KvIndexError:
+            return None
 
     async def _direct_index_stats(self) -> dict[str, Any]:
         """Redis mode with no indexer answering: the index's counts, read-only, if Redis is up."""

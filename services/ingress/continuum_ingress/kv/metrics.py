@@ -26,7 +26,10 @@ class KvScorerMetrics:
         speculative_entries: Callable[[], float],
         recorded_entries: Callable[[], float] = lambda: 0.0,
     ) -> None:
-        r = registry
+        self._selector_metrics(registry, recorded_entries)
+        self._prefix_scorer_metrics(registry, speculative_entries)
+
+    def _selector_metrics(self, r: CollectorRegistry, recorded_entries: Callable[[], float]) -> None:
         self.keys_seconds = Histogram(
             "continuum_kv_request_keys_seconds",
             "Time to turn a request into its matching keys (tokenize + hash, or text chunks), by mode",
@@ -77,6 +80,8 @@ class KvScorerMetrics:
             registry=r,
         )
         recorded.set_function(recorded_entries)
+
+    def _prefix_scorer_metrics(self, r: CollectorRegistry, speculative_entries: Callable[[], float]) -> None:
         self.query_seconds = Histogram(
             "continuum_kv_index_query_duration_seconds",
             "One pipelined index read (query_many) by the scorer, per batch of prefixes",
