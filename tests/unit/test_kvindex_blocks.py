@@ -133,3 +133,27 @@ async def test_match_many_is_match_nowait_per_query() -> None:
     index.apply_nowait([batch("a", 1, BlocksStored(h[:3]))])
     got = await index.match_many([MatchQuery(h, ["a"]), MatchQuery(h[1:], ["a", "z"])])
     assert [{b: m.gpu_blocks for b, m in r.items()} for r in got] == [{"a": 3}, {"a": 2, "z": 0}]
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 100_000), duplicates=st.floats(0.0, 1.0), max_group=st.integers(1, 50))
+def test_any_interleaving_equals_in_order_delivery(seed: int, duplicates: float, max_group: int) -> None:
+    """The memory index alone, over many more interleavings than the Redis suite can afford
+    (tests/integration/test_kvindex_blocks.py runs the same property on all three)."""
+    rng = random.Random(seed)
+    hashes = universe(16, seed)
+    sent = make_batches(rng, backends=("a", "b"), hashes=hashes, count=120)
+    delivered = sent + rng.sample(sent, int(len(sent) * duplicates))
+    rng.shuffle(delivered)
+    index = InMemoryBlockIndex()
+    while delivered:
+        size = rng.randint(1, max_group)
+        index.apply_nowait(delivered[:size])
+        delivered = delivered[size:]
+    naive = NaiveBlocks()
+    naive.apply_in_order(sent)
+    for chain in [[h] for h in hashes] + [hashes[:8], hashes[4:12], hashes]:
+        got = index.match_nowait(chain, ["a", "b"])
+        assert {b: (m.gpu_blocks, m.any_blocks, m.held_blocks) for b, m in got.items()} == {
+            b: naive.match(chain, b) for b in ("a", "b")
+        }
