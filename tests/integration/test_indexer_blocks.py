@@ -73,7 +73,8 @@ def shuffled_with_duplicates(sent: list[KvBatch], seed: int, share: float = 0.4)
 
 async def test_batches_end_to_end_in_any_order(nats_server: NatsServer, redis_server: RedisServer) -> None:
     sent = batches(1)
-    app = IndexerApp(settings(router_config(nats_server.url, redis_server.url), batch=100))
+    # small writes: a pull is applied and acked in several parts
+    app = IndexerApp(settings(router_config(nats_server.url, redis_server.url), batch=100, block_write_events=64))
     async with running(app):
         # without Msg-Id: JetStream keeps the duplicates, the index's idempotency is what counts
         await publish_batches(nats_server.url, shuffled_with_duplicates(sent, 2))
