@@ -67,6 +67,9 @@ class JetStreamConsumer:
         self.ready = asyncio.Event()  # set once the consumer is bound
         self._stopping = False
         self._backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
+        # Redis runs scripts one at a time: more writes in flight than this only queue there,
+        # on the clock of the command timeout, instead of here
+        self._block_writes = asyncio.Semaphore(settings.block_writes_in_flight)
 
     def stop(self) -> None:
         """Finish the batch in hand (apply + ack), then return from run()."""
@@ -238,7 +241,9 @@ class JetStreamConsumer:
         start = 0
         for part in split_by_size(batches, self.settings.block_write_events):
             end = start + len(part)
-            if not await self._write(partial(self.sink.apply_blocks, part), msgs[start:end], "block batches"):
+            async with self._block_writes:
+                written = await self._write(partial(self.sink.apply_blocks, part), msgs[start:end], "block batches")
+            if not written:
                 return msgs[start:]
             start = end
         return []
