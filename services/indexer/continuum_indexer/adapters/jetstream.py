@@ -31,7 +31,7 @@ from nats.js.errors import APIError, BadRequestError, FetchTimeoutError
 
 from continuum_common.events import STREAM_NAME, SUBJECT_WILDCARD, KvEvent
 from continuum_common.kvindex import KvIndexError
-from continuum_common.kvindex.block_pack import split_by_size
+from continuum_common.kvindex.block_pack import batch_blocks, split_by_size
 from continuum_common.wire.kv import KvBatch
 from continuum_indexer.adapters.pull import ConsumerGoneError, PullStream
 from continuum_indexer.config import ConsumerSettings
@@ -239,7 +239,7 @@ class JetStreamConsumer:
         command timeout, and a failure redelivers only what was not written); return the
         messages left unwritten."""
         start = 0
-        for part in split_by_size(batches, self.settings.block_write_events):
+        for part in split_by_size(batches, self.settings.block_write_events, batch_blocks):
             end = start + len(part)
             async with self._block_writes:
                 written = await self._write(partial(self.sink.apply_blocks, part), msgs[start:end], "block batches")

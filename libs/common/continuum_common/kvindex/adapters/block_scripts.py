@@ -32,7 +32,8 @@ written back with %d, never with tostring (which keeps 14 digits).
 
 from __future__ import annotations
 
-# KEYS: m, g, s, go, so, t0, t1.  ARGV: ttl_ms, max_blocks, tomb_ms, then one packed batch each.
+# KEYS: m, g, s, go, so, t0, t1.  ARGV: ttl_ms, max_blocks, tomb_ms, then one packed part each
+# (a batch, or a part of a big one: ../block_pack.py).
 # Returns {batches, applied, stale, stale_batches, clears, evicted}.
 APPLY = r"""
 local M, T0, T1 = KEYS[1], KEYS[6], KEYS[7]
@@ -230,13 +231,13 @@ local function apply_events(blob, base, nev, pos)
   if run_tier then remove(run_tier, run_h, run_st) end
 end
 
-local function apply_batch(blob)
+local function apply_part(blob)  -- a batch, or a part of a big one (`more` == 1 after the first)
   local bep = sub(blob, 1, 20)
-  local base, nev, pos = struct.unpack('>dI4', blob, 21)
+  local base, nev, more, pos = struct.unpack('>dI4B', blob, 21)
   if ep and bep < ep then
-    c.stale_batches = c.stale_batches + 1
+    if more == 0 then c.stale_batches = c.stale_batches + 1 end
     c.stale = c.stale + count_blocks(blob, pos, nev)
-    return
+    return false
   end
   if ep ~= bep then  -- first batch ever / after expiry, or a newer epoch: start wiped
     redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[4], KEYS[5], T0, T1)
@@ -249,26 +250,30 @@ local function apply_batch(blob)
     if redis.call('EXISTS', T0) == 1 then redis.call('RENAME', T0, T1) end
     rot = now_ms
   end
-  c.batches = c.batches + 1
+  if more == 0 then c.batches = c.batches + 1 end
   apply_events(blob, base, nev, pos)
   flush_tombs()
+  return true
 end
 
-for a = 4, #ARGV do apply_batch(ARGV[a]) end
-if c.batches == 0 and c.stale_batches == 0 then return {0, 0, 0, 0, 0, 0} end
+local applied_any = false  -- a part that is not stale: refresh the liveness
+for a = 4, #ARGV do
+  if apply_part(ARGV[a]) then applied_any = true end
+end
+if not applied_any and c.stale == 0 then return {0, 0, 0, 0, 0, 0} end
 
 local fields = {
   'c_batches', fmt((tonumber(m[6]) or 0) + c.batches), 'c_applied', fmt((tonumber(m[7]) or 0) + c.applied),
   'c_stale', fmt((tonumber(m[8]) or 0) + c.stale), 'c_stale_batches', fmt((tonumber(m[9]) or 0) + c.stale_batches),
   'c_clears', fmt((tonumber(m[10]) or 0) + c.clears), 'c_evicted', fmt((tonumber(m[11]) or 0) + c.evicted)}
-if c.batches > 0 then
+if applied_any then
   for _, v in ipairs({'ep', ep, 'wm', fmt(wm), 'gen', fmt(gen), 'tmax', fmt(tmax), 'rot', fmt(rot),
                       'seen', fmt(now_ms), 'pg', fmt(pmax[0]), 'ps', fmt(pmax[1])}) do
     fields[#fields + 1] = v
   end
 end
 redis.call('HSET', M, unpack(fields))
-if c.batches > 0 then
+if applied_any then
   for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, ttl_ms) end
 end
 return {c.batches, c.applied, c.stale, c.stale_batches, c.clears, c.evicted}
