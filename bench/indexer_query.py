@@ -1,7 +1,15 @@
-"""KV index read cost (`python -m bench.indexer_query`): what the ingress scorer pays per
-routing decision. InMemoryKvIndex.query_backends (seed: < 100 µs) on a full 100,000-prefix
-index, hit and miss; RedisKvIndex.query_many against a real redis-server for 1 and 4 prefixes
-(one pipelined round trip; seed: about one Redis GET, 0.1-2 ms on a LAN)."""
+"""KV index read cost (`python -m bench.indexer_query [--blocks]`): what the ingress pays per
+routing decision.
+
+* default: InMemoryKvIndex.query_backends (seed: < 100 µs) on a full 100,000-prefix index, hit
+  and miss; RedisKvIndex.query_many against a real redis-server for 1 and 4 prefixes (one
+  pipelined round trip; seed: about one Redis GET, 0.1-2 ms on a LAN).
+* `--blocks`: the block index's longest-prefix match of a 750-hash chain (a 12k-token request
+  at 16 tokens per block) against 4 and 32 backends, each also holding 20,000 other blocks:
+  InMemoryBlockIndex.match_nowait and RedisBlockIndex.match_many (one pipelined round trip,
+  one script call per backend), for three holdings: `miss` (nobody holds the first block),
+  `partial` (each backend holds a random leading part), `full` (everybody holds all 750).
+"""
 
 from __future__ import annotations
 
@@ -15,9 +23,11 @@ import redis.asyncio as aioredis
 
 from bench.indexer_common import prefix
 from continuum_common.events import EventType, KvEvent
-from continuum_common.kvindex import InMemoryKvIndex
+from continuum_common.kvindex import InMemoryBlockIndex, InMemoryKvIndex, MatchQuery
+from continuum_common.kvindex.adapters.redis_blocks import RedisBlockIndex
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.procs import RedisServer
+from continuum_common.wire.kv import AllCleared, BlockEvent, BlocksStored, KvBatch
 
 
 def events(prefixes: int, backends: int = 8) -> list[KvEvent]:
@@ -76,11 +86,78 @@ async def redis_reads(prefixes: int, number: int) -> None:
         await server.close()
 
 
+CHAIN = 750
+SHAPES = ("miss", "partial", "full")
+
+
+def block_batches(backends: int, shape: str, fill: int, seed: int = 3) -> tuple[list[int], list[KvBatch]]:
+    """A chain and the batches that make each backend hold `shape` of it plus `fill` others."""
+    rng = random.Random(seed)
+    chain = [rng.getrandbits(64) for _ in range(CHAIN)]
+    out = []
+    for b in range(backends):
+        held = {"miss": chain[1:], "partial": chain[: rng.randint(0, CHAIN)], "full": chain}[shape]
+        others = [rng.getrandbits(64) for _ in range(fill)]
+        events: list[BlockEvent] = [AllCleared(), BlocksStored(others), BlocksStored(held)]
+        out.append(KvBatch(f"vllm-{b}", 1, 1, 0.0, events))
+    return chain, out
+
+
+def summary(samples: list[float]) -> str:
+    samples.sort()
+    return f"p50 {samples[len(samples) // 2]:.0f} µs  p99 {samples[int(len(samples) * 0.99)]:.0f} µs"
+
+
+async def block_reads(number: int, fill: int) -> None:
+    server = RedisServer()
+    await server.start()
+    try:
+        for backends in (4, 32):
+            names = [f"vllm-{b}" for b in range(backends)]
+            for shape in SHAPES:
+                chain, batches = block_batches(backends, shape, fill)
+                memory_index = InMemoryBlockIndex(max_blocks=fill + CHAIN)
+                memory_index.apply_nowait(batches)
+                runs = []
+                for _ in range(5):
+                    started = time.perf_counter()
+                    for _ in range(number):
+                        memory_index.match_nowait(chain, names)
+                    runs.append((time.perf_counter() - started) / number * 1e6)
+                client = aioredis.Redis.from_url(server.url)
+                await client.flushall()
+                index = RedisBlockIndex(client, max_blocks=fill + CHAIN, owns_client=True)
+                try:
+                    await index.apply_batches(batches)
+                    query = [MatchQuery(chain, names)]
+                    for _ in range(50):
+                        await index.match_many(query)
+                    samples = []
+                    for _ in range(min(number, 2000)):
+                        started = time.perf_counter()
+                        await index.match_many(query)
+                        samples.append((time.perf_counter() - started) * 1e6)
+                finally:
+                    await index.close()
+                print(
+                    f"{CHAIN}-hash chain x {backends:>2} backends, {shape:<7}: "
+                    f"InMemoryBlockIndex.match_nowait median {statistics.median(runs):.0f} µs; "
+                    f"RedisBlockIndex.match_many {summary(samples)}"
+                )
+    finally:
+        await server.close()
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--blocks", action="store_true", help="the block index's chain match")
     parser.add_argument("--prefixes", type=int, default=100_000)
     parser.add_argument("--number", type=int, default=20_000)
+    parser.add_argument("--fill", type=int, default=20_000, help="--blocks: other blocks each backend holds")
     args = parser.parse_args()
+    if args.blocks:
+        await block_reads(min(args.number, 2000), args.fill)
+        return
     await memory(args.prefixes, args.number)
     await redis_reads(min(args.prefixes, 20_000), min(args.number, 5000))
 

@@ -73,7 +73,8 @@ def shuffled_with_duplicates(sent: list[KvBatch], seed: int, share: float = 0.4)
 
 async def test_batches_end_to_end_in_any_order(nats_server: NatsServer, redis_server: RedisServer) -> None:
     sent = batches(1)
-    app = IndexerApp(settings(router_config(nats_server.url, redis_server.url), batch=100))
+    # small writes: a pull is applied and acked in several parts
+    app = IndexerApp(settings(router_config(nats_server.url, redis_server.url), batch=100, block_write_events=64))
     async with running(app):
         # without Msg-Id: JetStream keeps the duplicates, the index's idempotency is what counts
         await publish_batches(nats_server.url, shuffled_with_duplicates(sent, 2))
@@ -260,3 +261,17 @@ async def test_embedded_memory_mode_feeds_blocks(nats_server: NatsServer) -> Non
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await nc.close()
+
+
+async def test_an_enormous_valid_batch_is_applied_in_parts(nats_server: NatsServer, redis_server: RedisServer) -> None:
+    rng = random.Random(14)
+    chain = [rng.getrandbits(64) for _ in range(100_000)]  # ~900 KB: under NATS's 1 MB payload
+    app = IndexerApp(settings(router_config(nats_server.url, redis_server.url, max_entries=200_000)))
+    async with running(app):
+        await publish_batches(nats_server.url, [batch("a", 1, AllCleared(), BlocksStored(chain))])
+        await wait_drained(nats_server.url, timeout=60)
+        assert app.metrics.errors.labels("apply")._value.get() == 0  # no write ran into the timeout
+        assert app.blocks is not None
+        (got,) = await app.blocks.match_many([MatchQuery(chain, ["a"])])
+        assert got["a"].gpu_blocks == 100_000
+        assert (await app.blocks.block_stats()).backends["a"].batches == 1

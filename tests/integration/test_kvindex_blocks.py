@@ -255,14 +255,21 @@ async def test_out_of_range_seq_is_stale(make_index: Factory) -> None:
     assert await counts(index, H[:3], "a") == {"a": (0, 0, 0)}
 
 
-async def test_big_groups_are_applied_whole(make_index: Factory) -> None:
-    index = make_index(per_call=500, per_pipeline=1000)  # Redis: 6 calls in 3 round trips
+async def test_big_groups_and_batches_are_applied_whole(make_index: Factory) -> None:
+    index = make_index(per_call=500, per_pipeline=1000)  # Redis: several calls and round trips
     rng = random.Random(4)
-    chain = [rng.getrandbits(64) for _ in range(3000)]
+    chain = [rng.getrandbits(64) for _ in range(5000)]
     batches = [batch("a", 1, X())] + [batch("a", 2 + i, S(chain[i * 300 : (i + 1) * 300])) for i in range(10)]
     report = await index.apply_batches(batches)
     assert (report.batches, report.applied) == (11, 3000)
     assert await counts(index, chain, "a") == {"a": (3000, 3000, 3000)}
+    # one batch far over a script call's size: split into parts, counted once, stamps kept
+    big = batch("a", 20, S(chain[3000:]), R(chain[:1]), S(chain[3000:3001] + chain[:1]), R(chain[4999:]))
+    report = await index.apply_batches([big])
+    assert (report.batches, report.applied, report.stale) == (1, 2000 + 1 + 2 + 1, 0)
+    assert await counts(index, chain, "a") == {"a": (4999, 4999, 4999)}
+    report = await index.apply_batches([batch("a", 5, S(chain[3000:]), epoch=0)])  # stale, in parts
+    assert (report.batches, report.stale_batches, report.stale) == (0, 1, 2000)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

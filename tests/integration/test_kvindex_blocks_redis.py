@@ -36,7 +36,7 @@ async def test_every_key_of_a_backend_is_in_one_slot_under_the_prefix(redis_serv
         keys = sorted(k.decode() for k in await client.keys("*"))
         assert all(k.startswith("t1:kv:blk:") for k in keys)
         backend_keys = [k for k in keys if k != "t1:kv:blk:backends"]
-        assert {k.rsplit(":", 1)[1] for k in backend_keys} == {"m", "g", "s", "t0", "t1"}
+        assert {k.rsplit(":", 1)[1] for k in backend_keys} == {"m", "g", "s", "go", "so", "t0", "t1"}
         assert len({key_slot(k.encode()) for k in backend_keys}) == 1
         assert key_slot(b"t1:kv:blk:{vllm-0}:m") == key_slot(b"vllm-0")
         for key in backend_keys:  # the liveness TTL is on every key

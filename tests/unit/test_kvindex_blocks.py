@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from continuum_common.kvindex import InMemoryBlockIndex, MatchQuery
 from continuum_common.kvindex.block_pack import (
     EVENT_STAMPS,
+    batch_blocks,
     group_by_backend,
-    pack_batch,
     pack_chain,
+    pack_parts,
     split_by_size,
     stamp,
 )
@@ -23,35 +24,63 @@ from continuum_common.wire.kv import AllCleared, BlocksRemoved, BlocksStored, Kv
 from tests.kvindex_block_model import NaiveBlocks, batch, make_batches, universe
 
 
-def unpack(blob: bytes) -> tuple[int, float, list[tuple[int, int, list[int]]]]:
+def unpack(blob: bytes) -> tuple[int, float, int, list[tuple[int, int, list[int]]]]:
     """An independent reading of the documented packed format."""
     epoch = int(blob[:20])
-    base, count = struct.unpack_from(">dI", blob, 20)
-    pos, events = 32, []
+    base, count, more = struct.unpack_from(">dIB", blob, 20)
+    pos, events = 33, []
     for _ in range(count):
         kind, tier, n = struct.unpack_from(">BBI", blob, pos)
         pos += 6
         events.append((kind, tier, list(struct.unpack_from(f">{n}Q", blob, pos))))
         pos += 8 * n
     assert pos == len(blob)
-    return epoch, base, events
+    return epoch, base, more, events
 
 
-def test_pack_batch_layout() -> None:
+def test_pack_layout() -> None:
     top = (1 << 64) - 1
-    packed = pack_batch(
+    (part,) = pack_parts(
         batch("a", 7, AllCleared(), BlocksStored([1, top], tier=0), BlocksRemoved([1 << 63], tier=1), epoch=top)
     )
-    assert packed[:20] == b"18446744073709551615"
-    assert unpack(packed) == (top, 7 * EVENT_STAMPS, [(3, 0, []), (1, 0, [1, top]), (2, 1, [1 << 63])])
-    assert unpack(pack_batch(batch("a", 1, epoch=0))) == (0, EVENT_STAMPS, [])
+    assert part.packed[:20] == b"18446744073709551615" and part.blocks == 3
+    assert unpack(part.packed) == (top, 7 * EVENT_STAMPS, 0, [(3, 0, []), (1, 0, [1, top]), (2, 1, [1 << 63])])
+    (keepalive,) = pack_parts(batch("a", 1, epoch=0))
+    assert unpack(keepalive.packed) == (0, EVENT_STAMPS, 0, []) and keepalive.blocks == 0
     assert pack_chain([1, 2]) == (1).to_bytes(8, "big") + (2).to_bytes(8, "big")
     assert stamp(3, 2) == 3 * 65_536 + 2
 
 
+def test_big_batches_are_split_into_parts_with_their_stamps() -> None:
+    h = list(range(100, 160))
+    events = [
+        BlocksStored(h[:5]),
+        BlocksRemoved([h[5]]),
+        AllCleared(),
+        BlocksStored(h[10:30], tier=1),
+        BlocksRemoved(h[:3]),
+    ]
+    parts = pack_parts(batch("a", 2, *events), max_blocks=8)
+    assert all(p.blocks <= 8 for p in parts) and sum(p.blocks for p in parts) == 5 + 1 + 20 + 3
+    flat = []  # (stamp, kind, tier, hashes) of every event of every part
+    for n, part in enumerate(parts):
+        _, base, more, body = unpack(part.packed)
+        assert more == (n > 0)
+        flat += [(int(base) + i, kind, tier, hashes) for i, (kind, tier, hashes) in enumerate(body)]
+    base = 2 * EVENT_STAMPS
+    assert flat[:3] == [(base, 1, 0, h[:5]), (base + 1, 2, 0, [h[5]]), (base + 2, 3, 0, [])]
+    # the 20-hash store is split into pieces of the same stamp; the next event follows it
+    assert [f for f in flat if f[1] == 1 and f[2] == 1] == [
+        (base + 3, 1, 1, h[10:18]),
+        (base + 3, 1, 1, h[18:26]),
+        (base + 3, 1, 1, h[26:30]),
+    ]
+    assert flat[-1] == (base + 4, 2, 0, h[:3])
+
+
 def test_epoch_digits_sort_like_numbers() -> None:
     epochs = [0, 9, 10, 99, 1_700_000_000_000, (1 << 64) - 1]
-    packed = [pack_batch(batch("a", 1, epoch=e))[:20] for e in epochs]
+    packed = [pack_parts(batch("a", 1, epoch=e))[0].packed[:20] for e in epochs]
     assert packed == sorted(packed)
 
 
@@ -61,9 +90,9 @@ def test_grouping_keeps_arrival_order_and_splitting_bounds_calls() -> None:
     assert list(groups) == ["b", "a"]
     assert [x.seq for x in groups["b"]] == [2, 1] and [x.seq for x in groups["a"]] == [1, 3]
     sized = [batch("a", i, BlocksStored(list(range(n)))) for i, n in enumerate((3, 3, 5, 1, 1), start=1)]
-    assert [[x.seq for x in run] for run in split_by_size(sized, 6)] == [[1, 2], [3, 4], [5]]
-    assert [[x.seq for x in run] for run in split_by_size(sized[2:3], 2)] == [[3]]  # too big alone
-    assert split_by_size([], 6) == []
+    assert [[x.seq for x in run] for run in split_by_size(sized, 6, batch_blocks)] == [[1, 2], [3, 4], [5]]
+    assert [[x.seq for x in run] for run in split_by_size(sized[2:3], 2, batch_blocks)] == [[3]]  # too big alone
+    assert split_by_size([], 6, batch_blocks) == []
 
 
 @settings(max_examples=150, deadline=None)
@@ -133,3 +162,27 @@ async def test_match_many_is_match_nowait_per_query() -> None:
     index.apply_nowait([batch("a", 1, BlocksStored(h[:3]))])
     got = await index.match_many([MatchQuery(h, ["a"]), MatchQuery(h[1:], ["a", "z"])])
     assert [{b: m.gpu_blocks for b, m in r.items()} for r in got] == [{"a": 3}, {"a": 2, "z": 0}]
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 100_000), duplicates=st.floats(0.0, 1.0), max_group=st.integers(1, 50))
+def test_any_interleaving_equals_in_order_delivery(seed: int, duplicates: float, max_group: int) -> None:
+    """The memory index alone, over many more interleavings than the Redis suite can afford
+    (tests/integration/test_kvindex_blocks.py runs the same property on all three)."""
+    rng = random.Random(seed)
+    hashes = universe(16, seed)
+    sent = make_batches(rng, backends=("a", "b"), hashes=hashes, count=120)
+    delivered = sent + rng.sample(sent, int(len(sent) * duplicates))
+    rng.shuffle(delivered)
+    index = InMemoryBlockIndex()
+    while delivered:
+        size = rng.randint(1, max_group)
+        index.apply_nowait(delivered[:size])
+        delivered = delivered[size:]
+    naive = NaiveBlocks()
+    naive.apply_in_order(sent)
+    for chain in [[h] for h in hashes] + [hashes[:8], hashes[4:12], hashes]:
+        got = index.match_nowait(chain, ["a", "b"])
+        assert {b: (m.gpu_blocks, m.any_blocks, m.held_blocks) for b, m in got.items()} == {
+            b: naive.match(chain, b) for b in ("a", "b")
+        }

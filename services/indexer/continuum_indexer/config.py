@@ -27,6 +27,9 @@ class ConsumerSettings:
     # the waiting pull request at once; this only paces the stop check).
     idle_wait_s: float = 0.5
     replay_seconds: float | None = None
+    # Block events per block-index write: a backlog's pull is applied (and acked) in parts.
+    block_write_events: int = 8192
+    block_writes_in_flight: int = 2
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
 

@@ -1,13 +1,16 @@
 """The Redis key layout of the block index (docs/kv-index.md, "Block index in Redis").
 
-Per backend B, five keys sharing the hash tag `{B}` (one Redis Cluster slot per backend, so
+Per backend B, seven keys sharing the hash tag `{B}` (one Redis Cluster slot per backend, so
 one script call covers everything a batch of B changes):
 
     <kp>blk:{B}:m    hash   ep (20-digit epoch), wm (clear watermark), gen, tmax (newest
                             tombstone stamp), rot (last tombstone rotation, ms), seen (last
                             batch, ms), c_* counters
-    <kp>blk:{B}:g    zset   GPU-present blocks: member = 8-byte hash, score = stamp of its store
-    <kp>blk:{B}:s    zset   storage-present blocks, the same
+    <kp>blk:{B}:g    hash   GPU-present blocks: field = 8-byte hash, value = stamp of its store
+    <kp>blk:{B}:s    hash   storage-present blocks, the same
+    <kp>blk:{B}:go   zset   the GPU-present blocks by stamp (store order, for max_blocks and
+                            AllCleared)
+    <kp>blk:{B}:so   zset   the same for storage
     <kp>blk:{B}:t0   hash   tombstones of the current window: 'g'|'s' + 8-byte hash -> stamp
     <kp>blk:{B}:t1   hash   tombstones of the previous window
 
@@ -27,10 +30,11 @@ class BlockKeys:
             raise ConfigError("kv_cache_index.key_prefix must not contain '{' or '}' (Redis Cluster hash tags)")
         self.prefix = prefix
 
-    def backend(self, name: str) -> tuple[str, str, str, str, str]:
-        """meta, gpu, storage, tombstones (current), tombstones (previous)."""
+    def backend(self, name: str) -> tuple[str, ...]:
+        """meta, gpu, storage, gpu order, storage order, tombstones (current, previous); the
+        reads use the first three."""
         base = f"{self.prefix}blk:{{{name}}}:"
-        return base + "m", base + "g", base + "s", base + "t0", base + "t1"
+        return tuple(base + suffix for suffix in ("m", "g", "s", "go", "so", "t0", "t1"))
 
     @property
     def registry(self) -> str:

@@ -73,6 +73,13 @@ class _Backend:
         self.totals = BlockApplyReport()
 
 
+def _stopped(bits: int, position: int, out: dict[int, int]) -> None:
+    while bits:
+        low = bits & -bits
+        out[low] = position
+        bits ^= low
+
+
 class InMemoryBlockIndex:
     def __init__(
         self,
@@ -137,28 +144,32 @@ class InMemoryBlockIndex:
     def _walk(self, chain: Sequence[int], want: int) -> tuple[dict[int, int], dict[int, int]]:
         """For each backend bit in `want` that stops matching before the chain's end: the
         position where it stopped (GPU-held, and GPU-or-storage-held)."""
-        gpu_owners, storage_owners = self._owners
+        gpu_get = self._owners[_GPU].get
+        storage = self._owners[_STORAGE]
         gpu_len: dict[int, int] = {}
+        if not storage:  # no storage tier anywhere: one lookup per block
+            mask = want
+            # map() does the lookups in C; the loop only looks at the masks
+            for i, owners in enumerate(map(gpu_get, chain, itertools.repeat(0))):
+                held = owners & mask
+                if held != mask:
+                    _stopped(mask ^ held, i, gpu_len)
+                    mask = held
+                    if not mask:
+                        break
+            return gpu_len, gpu_len
+        storage_get = storage.get
         any_len: dict[int, int] = {}
         gmask = amask = want
-        for i, block in enumerate(chain):
-            held = gpu_owners.get(block, 0)
-            lost = gmask & ~held
-            if lost:
-                gmask &= held
-                while lost:
-                    low = lost & -lost
-                    gpu_len[low] = i
-                    lost ^= low
-            if storage_owners:
-                held |= storage_owners.get(block, 0)
-            lost = amask & ~held
-            if lost:
-                amask &= held
-                while lost:
-                    low = lost & -lost
-                    any_len[low] = i
-                    lost ^= low
+        for i, (block, on_gpu) in enumerate(zip(chain, map(gpu_get, chain, itertools.repeat(0)), strict=False)):
+            held = on_gpu & gmask
+            if held != gmask:
+                _stopped(gmask ^ held, i, gpu_len)
+                gmask = held
+            held = (on_gpu | storage_get(block, 0)) & amask
+            if held != amask:
+                _stopped(amask ^ held, i, any_len)
+                amask = held
                 if not amask:  # GPU-held implies held, so gmask is empty too
                     break
         return gpu_len, any_len

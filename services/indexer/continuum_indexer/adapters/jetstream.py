@@ -4,7 +4,8 @@
   for the embedded memory mode, private and ephemeral, replaying the recent stream on start.
 * Explicit acks, `max_ack_pending` bounds what is in flight, unlimited redelivery.
 * A message is a version-1 prefix-key event (prefix index) or a version-2 KV batch (block
-  index); a fetched batch's KV batches are applied together (one script call per backend).
+  index); a fetched batch's KV batches are applied together (one script call per backend),
+  in writes of at most `block_write_events` block events, each acked once written.
 * Undecodable messages are counted, logged without their payload and terminated (never
   redelivered, never blocking the stream). Version-1 events of backends configured for the
   SSE transport are acked and skipped (one transport per backend; blocks only come by bus).
@@ -19,6 +20,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import nats.errors
@@ -29,6 +31,7 @@ from nats.js.errors import APIError, BadRequestError, FetchTimeoutError
 
 from continuum_common.events import STREAM_NAME, SUBJECT_WILDCARD, KvEvent
 from continuum_common.kvindex import KvIndexError
+from continuum_common.kvindex.block_pack import batch_blocks, split_by_size
 from continuum_common.wire.kv import KvBatch
 from continuum_indexer.adapters.pull import ConsumerGoneError, PullStream
 from continuum_indexer.config import ConsumerSettings
@@ -64,6 +67,9 @@ class JetStreamConsumer:
         self.ready = asyncio.Event()  # set once the consumer is bound
         self._stopping = False
         self._backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
+        # Redis runs scripts one at a time: more writes in flight than this only queue there,
+        # on the clock of the command timeout, instead of here
+        self._block_writes = asyncio.Semaphore(settings.block_writes_in_flight)
 
     def stop(self) -> None:
         """Finish the batch in hand (apply + ack), then return from run()."""
@@ -217,8 +223,7 @@ class JetStreamConsumer:
                 failed += event_msgs
         if batches:
             self.sink.received_blocks(batches)
-            if not await self._write(lambda: self.sink.apply_blocks(batches), batch_msgs, "block batches"):
-                failed += batch_msgs
+            failed += await self._write_blocks(batches, batch_msgs)
         if not failed:
             if events or batches:
                 self._backoff.reset()
@@ -227,6 +232,21 @@ class JetStreamConsumer:
         for msg in failed:
             await self._settle(msg.nak(delay=delay))
         await asyncio.sleep(delay)
+
+    async def _write_blocks(self, batches: list[KvBatch], msgs: list[Msg]) -> list[Msg]:
+        """Apply the KV batches in writes of at most `block_write_events` block events (a
+        backlog's pull holds hundreds of thousands: each write stays well within the Redis
+        command timeout, and a failure redelivers only what was not written); return the
+        messages left unwritten."""
+        start = 0
+        for part in split_by_size(batches, self.settings.block_write_events, batch_blocks):
+            end = start + len(part)
+            async with self._block_writes:
+                written = await self._write(partial(self.sink.apply_blocks, part), msgs[start:end], "block batches")
+            if not written:
+                return msgs[start:]
+            start = end
+        return []
 
     async def _write(self, write: Callable[[], Awaitable[object]], msgs: list[Msg], what: str) -> bool:
         """Run one index write; ack its messages when it succeeded."""

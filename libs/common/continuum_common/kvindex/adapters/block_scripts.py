@@ -1,17 +1,23 @@
-"""Lua scripts of RedisBlockIndex. Every call names the five keys of ONE backend (one cluster
-slot: they share the hash tag `{backend}`, see ../block_keys.py); the batches and chains travel
+"""Lua scripts of RedisBlockIndex. Every call names the keys of ONE backend (one cluster slot:
+they share the hash tag `{backend}`, see ../block_keys.py); the batches and chains travel
 packed (../block_pack.py), one argument each.
+
+Per tier the present blocks are a hash (block -> stamp of its store: what reads and the
+last-writer-wins checks look up, with HMGET: a few times cheaper per block than ZMSCORE, whose
+double replies Lua must parse) and a sorted set of the same blocks by stamp (the store order:
+`max_blocks` pops its lowest, AllCleared removes a score range).
 
 APPLY implements continuum_common.kvindex.blocks exactly as InMemoryBlockIndex does:
 
-* a register's `(stamp, present)` is the newest of: its score in the tier's zset (present),
-  its tombstone in t0 or t1 (absent); the clear watermark `wm` reads every register at or
-  below it as absent (AllCleared removes those zset members at once: ZREMRANGEBYSCORE);
-* a store is one `ZADD GT CH` per event for all its hashes (a member changes only when the
-  stamp is newer; CH counts the applied ones). Tombstones are looked up only when the stamp is
-  not newer than `tmax`, the newest tombstone stamp: in-order delivery never looks;
-* a removal is one ZMSCORE, one ZREM per event; its tombstones are written once per batch
-  (`pend`, consulted before t0/t1 so later events of the batch see them);
+* a register's `(stamp, present)` is the newest of: its stamp in the tier's hash (present), its
+  tombstone in t0 or t1 (absent); the clear watermark `wm` reads every register at or below it
+  as absent (AllCleared deletes those blocks at once);
+* a store is one HMGET, one HSET and one ZADD per event for all its hashes. Tombstones are
+  looked up only when the stamp is not newer than `tmax`, the newest tombstone stamp: in-order
+  delivery never looks;
+* a run of consecutive removal events (vLLM sends one per evicted block) is one HMGET, one HDEL
+  and one ZREM; tombstones are written once per batch (`pend`, consulted before t0/t1 so later
+  events of the batch see them);
 * tombstones rotate: every `tomb_ms` (or when t0 holds over 2 * max_blocks) t1 is dropped and
   t0 becomes t1, so a tombstone lives one to two windows;
 * beyond `max_blocks` present blocks in a tier, the lowest stamps (the oldest stored) are
@@ -26,27 +32,53 @@ written back with %d, never with tostring (which keeps 14 digits).
 
 from __future__ import annotations
 
-# KEYS: m, g, s, t0, t1.  ARGV: ttl_ms, max_blocks, tomb_ms, then one packed batch each.
+# KEYS: m, g, s, go, so, t0, t1.  ARGV: ttl_ms, max_blocks, tomb_ms, then one packed part each
+# (a batch, or a part of a big one: ../block_pack.py).
 # Returns {batches, applied, stale, stale_batches, clears, evicted}.
 APPLY = r"""
-local M, G, S, T0, T1 = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local M, T0, T1 = KEYS[1], KEYS[6], KEYS[7]
+local HELD, ORDER, TAG = {[0] = KEYS[2], [1] = KEYS[3]}, {[0] = KEYS[4], [1] = KEYS[5]}, {[0] = 'g', [1] = 's'}
 local ttl_ms, maxb, tomb_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local CHUNK = 1000
+local sub = string.sub
 local clock = redis.call('TIME')
 local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local m = redis.call('HMGET', M, 'ep', 'wm', 'gen', 'tmax', 'rot',
-  'c_batches', 'c_applied', 'c_stale', 'c_stale_batches', 'c_clears', 'c_evicted')
+  'c_batches', 'c_applied', 'c_stale', 'c_stale_batches', 'c_clears', 'c_evicted', 'pg', 'ps')
 local ep, wm, gen, tmax, rot = m[1], tonumber(m[2]) or -1, tonumber(m[3]) or 0, tonumber(m[4]) or -1,
   tonumber(m[5]) or now_ms
+-- per tier, the newest stamp of a present block (an upper bound): an event newer than it and
+-- than `tmax` is newer than every register of the tier, so it needs no lookups at all
+local pmax = {[0] = tonumber(m[12]) or -1, [1] = tonumber(m[13]) or -1}
 local c = {batches = 0, applied = 0, stale = 0, stale_batches = 0, clears = 0, evicted = 0}
-local ZSET = {[0] = G, [1] = S}
-local TAG = {[0] = 'g', [1] = 's'}
 local pend = {}  -- tombstone field -> stamp, written to t0 at the end of each batch
 local npend = 0
 
 local function fmt(x) return string.format('%d', x) end
 local function new_gen() gen = math.max(gen + 1, now_us) end
+
+-- redis.call(cmd, key, <prefix...>, items...) in chunks (Lua's unpack has a stack limit)
+local function each_chunk(cmd, key, items, step)
+  local out = {}
+  for first = 1, #items, CHUNK * step do
+    local r = redis.call(cmd, key, unpack(items, first, math.min(#items, first + CHUNK * step - 1)))
+    if type(r) == 'table' then
+      for _, v in ipairs(r) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
+
+local function hmget(key, hs)
+  local out = {}
+  for first = 1, #hs, CHUNK do
+    local last = math.min(#hs, first + CHUNK - 1)
+    local r = redis.call('HMGET', key, unpack(hs, first, last))
+    for k = 1, last - first + 1 do out[first + k - 1] = r[k] end
+  end
+  return out
+end
 
 local function tomb(f)
   local p = pend[f]
@@ -69,72 +101,95 @@ local function flush_tombs()
   for f, st in pairs(pend) do
     args[#args + 1] = f
     args[#args + 1] = fmt(st)
-    if #args >= 2 * CHUNK then redis.call('HSET', T0, unpack(args)); args = {} end
   end
-  if #args > 0 then redis.call('HSET', T0, unpack(args)) end
+  each_chunk('HSET', T0, args, 2)
   pend, npend = {}, 0
 end
 
-local function zadd(key, args)
-  return redis.call('ZADD', key, 'GT', 'CH', unpack(args))
+local function drop(tier, hs)  -- present blocks leave the tier's hash and order
+  if #hs == 0 then return end
+  each_chunk('HDEL', HELD[tier], hs, 1)
+  each_chunk('ZREM', ORDER[tier], hs, 1)
+end
+
+local function evict(tier)
+  local over = redis.call('HLEN', HELD[tier]) - maxb
+  if over <= 0 then return end
+  local popped = redis.call('ZPOPMIN', ORDER[tier], over)
+  local hs = {}
+  for j = 1, #popped, 2 do
+    hs[#hs + 1] = popped[j]
+    put_tomb(TAG[tier] .. popped[j], tonumber(popped[j + 1]))
+  end
+  each_chunk('HDEL', HELD[tier], hs, 1)
+  c.evicted = c.evicted + #hs
 end
 
 local function store(tier, blob, pos, n, st)
-  local key, tag = ZSET[tier], TAG[tier]
-  local check, s = st <= tmax, fmt(st)
-  local args, cand, changed = {}, 0, 0
-  for k = 0, n - 1 do
-    local h = string.sub(blob, pos + 8 * k, pos + 8 * k + 7)
-    if check and tomb(tag .. h) >= st then
+  local tag, check = TAG[tier], st <= tmax
+  local hs = {}
+  for k = 0, n - 1 do hs[k + 1] = sub(blob, pos + 8 * k, pos + 8 * k + 7) end
+  local old = {}
+  if st <= pmax[tier] or check then old = hmget(HELD[tier], hs) end
+  if st > pmax[tier] then pmax[tier] = st end
+  local s = fmt(st)
+  local seen, held, order = {}, {}, {}
+  for k = 1, n do
+    local h, v = hs[k], old[k]
+    if seen[h] or (v and tonumber(v) >= st) or ((not v) and check and tomb(tag .. h) >= st) then
       c.stale = c.stale + 1
     else
-      args[#args + 1] = s
-      args[#args + 1] = h
-      cand = cand + 1
-      if #args >= 2 * CHUNK then changed = changed + zadd(key, args); args = {} end
+      seen[h] = true
+      held[#held + 1] = h
+      held[#held + 1] = s
+      order[#order + 1] = s
+      order[#order + 1] = h
     end
   end
-  if #args > 0 then changed = changed + zadd(key, args) end
-  c.applied = c.applied + changed
-  c.stale = c.stale + cand - changed
-  local over = redis.call('ZCARD', key) - maxb
-  if over > 0 then
-    local popped = redis.call('ZPOPMIN', key, over)
-    for j = 1, #popped, 2 do put_tomb(tag .. popped[j], tonumber(popped[j + 1])) end
-    c.evicted = c.evicted + #popped / 2
+  if #held > 0 then
+    each_chunk('HSET', HELD[tier], held, 2)
+    each_chunk('ZADD', ORDER[tier], order, 2)
+    c.applied = c.applied + #held / 2
+    evict(tier)
   end
 end
 
--- hs[k] removed at stamp sts[k] (a run of consecutive removal events: vLLM sends one per
--- evicted block, so this is one ZMSCORE and one ZREM for the run, not per event)
+-- hs[k] removed at stamp sts[k] (a run of consecutive removal events of one tier)
 local function remove(tier, hs, sts)
-  local key, tag = ZSET[tier], TAG[tier]
-  local n = #hs
-  for first = 1, n, CHUNK do
-    local last = math.min(n, first + CHUNK - 1)
-    local scores = redis.call('ZMSCORE', key, unpack(hs, first, last))
-    local gone = {}
-    for k = first, last do
-      local h, st, sc = hs[k], sts[k], scores[k - first + 1]
-      local f = tag .. h
-      local p = pend[f]
-      if (p and p >= st) or (sc and tonumber(sc) >= st) or ((not sc) and st <= tmax and tomb(f) >= st) then
-        c.stale = c.stale + 1
-      else
-        if sc then gone[#gone + 1] = h end
-        put_tomb(f, st)
-        c.applied = c.applied + 1
-      end
+  local tag = TAG[tier]
+  -- sts ascend: when the first is newer than every register, all are (no lookups; HDEL and
+  -- ZREM of a block not present do nothing)
+  local fast = sts[1] > pmax[tier] and sts[1] > tmax
+  local old = {}
+  if not fast then old = hmget(HELD[tier], hs) end
+  local gone = {}
+  for k = 1, #hs do
+    local h, st, v = hs[k], sts[k], old[k]
+    local f = tag .. h
+    local p = pend[f]
+    if (p and p >= st) or (v and tonumber(v) >= st) or ((not v) and (not fast) and st <= tmax and tomb(f) >= st) then
+      c.stale = c.stale + 1
+    else
+      if v or fast then gone[#gone + 1] = h end
+      put_tomb(f, st)
+      c.applied = c.applied + 1
     end
-    if #gone > 0 then redis.call('ZREM', key, unpack(gone)) end
   end
+  drop(tier, gone)
 end
 
 local function clear(st)
   if st <= wm then return end
   wm = st
-  redis.call('ZREMRANGEBYSCORE', G, '-inf', fmt(st))
-  redis.call('ZREMRANGEBYSCORE', S, '-inf', fmt(st))
+  for tier = 0, 1 do
+    local top = redis.call('ZRANGE', ORDER[tier], -1, -1, 'WITHSCORES')
+    if #top > 0 and tonumber(top[2]) <= st then  -- in order: everything goes
+      redis.call('UNLINK', HELD[tier], ORDER[tier])
+      pmax[tier] = -1
+    elseif #top > 0 then  -- blocks of later batches already applied stay
+      drop(tier, redis.call('ZRANGEBYSCORE', ORDER[tier], '-inf', fmt(st)))
+    end
+  end
   new_gen()
   c.clears = c.clears + 1
 end
@@ -149,25 +204,7 @@ local function count_blocks(blob, pos, nev)
   return total
 end
 
-local function apply_batch(blob)
-  local bep = string.sub(blob, 1, 20)
-  local base, nev, pos = struct.unpack('>dI4', blob, 21)
-  if ep and bep < ep then
-    c.stale_batches = c.stale_batches + 1
-    c.stale = c.stale + count_blocks(blob, pos, nev)
-    return
-  end
-  if ep ~= bep then  -- first batch ever / after expiry, or a newer epoch: start wiped
-    redis.call('UNLINK', G, S, T0, T1)
-    ep, wm, tmax, rot = bep, -1, -1, now_ms
-    new_gen()
-  end
-  if now_ms - rot >= tomb_ms or redis.call('HLEN', T0) > 2 * maxb then
-    redis.call('UNLINK', T1)
-    if redis.call('EXISTS', T0) == 1 then redis.call('RENAME', T0, T1) end
-    rot = now_ms
-  end
-  c.batches = c.batches + 1
+local function apply_events(blob, base, nev, pos)
   local run_tier, run_h, run_st = nil, {}, {}
   for i = 0, nev - 1 do
     local kind, tier, n, nxt = struct.unpack('>BBI4', blob, pos)
@@ -185,48 +222,78 @@ local function apply_batch(blob)
     else
       run_tier = tier
       for k = 0, n - 1 do
-        run_h[#run_h + 1] = string.sub(blob, nxt + 8 * k, nxt + 8 * k + 7)
+        run_h[#run_h + 1] = sub(blob, nxt + 8 * k, nxt + 8 * k + 7)
         run_st[#run_st + 1] = st
       end
     end
     pos = nxt + 8 * n
   end
   if run_tier then remove(run_tier, run_h, run_st) end
-  flush_tombs()
 end
 
-for a = 4, #ARGV do apply_batch(ARGV[a]) end
-if c.batches == 0 and c.stale_batches == 0 then return {0, 0, 0, 0, 0, 0} end
+local function apply_part(blob)  -- a batch, or a part of a big one (`more` == 1 after the first)
+  local bep = sub(blob, 1, 20)
+  local base, nev, more, pos = struct.unpack('>dI4B', blob, 21)
+  if ep and bep < ep then
+    if more == 0 then c.stale_batches = c.stale_batches + 1 end
+    c.stale = c.stale + count_blocks(blob, pos, nev)
+    return false
+  end
+  if ep ~= bep then  -- first batch ever / after expiry, or a newer epoch: start wiped
+    redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[4], KEYS[5], T0, T1)
+    ep, wm, tmax, rot = bep, -1, -1, now_ms
+    pmax[0], pmax[1] = -1, -1
+    new_gen()
+  end
+  if now_ms - rot >= tomb_ms or redis.call('HLEN', T0) > 2 * maxb then
+    redis.call('UNLINK', T1)
+    if redis.call('EXISTS', T0) == 1 then redis.call('RENAME', T0, T1) end
+    rot = now_ms
+  end
+  if more == 0 then c.batches = c.batches + 1 end
+  apply_events(blob, base, nev, pos)
+  flush_tombs()
+  return true
+end
+
+local applied_any = false  -- a part that is not stale: refresh the liveness
+for a = 4, #ARGV do
+  if apply_part(ARGV[a]) then applied_any = true end
+end
+if not applied_any and c.stale == 0 then return {0, 0, 0, 0, 0, 0} end
 
 local fields = {
   'c_batches', fmt((tonumber(m[6]) or 0) + c.batches), 'c_applied', fmt((tonumber(m[7]) or 0) + c.applied),
   'c_stale', fmt((tonumber(m[8]) or 0) + c.stale), 'c_stale_batches', fmt((tonumber(m[9]) or 0) + c.stale_batches),
   'c_clears', fmt((tonumber(m[10]) or 0) + c.clears), 'c_evicted', fmt((tonumber(m[11]) or 0) + c.evicted)}
-if c.batches > 0 then
+if applied_any then
   for _, v in ipairs({'ep', ep, 'wm', fmt(wm), 'gen', fmt(gen), 'tmax', fmt(tmax), 'rot', fmt(rot),
-                      'seen', fmt(now_ms)}) do fields[#fields + 1] = v end
+                      'seen', fmt(now_ms), 'pg', fmt(pmax[0]), 'ps', fmt(pmax[1])}) do
+    fields[#fields + 1] = v
+  end
 end
 redis.call('HSET', M, unpack(fields))
-if c.batches > 0 then
-  for _, k in ipairs({M, G, S, T0, T1}) do redis.call('PEXPIRE', k, ttl_ms) end
+if applied_any then
+  for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, ttl_ms) end
 end
 return {c.batches, c.applied, c.stale, c.stale_batches, c.clears, c.evicted}
 """
 
 # KEYS: m, g, s.  ARGV[1]: the packed chain.  Returns {gpu, any, held, gen} (zeros for a
-# backend without state: never seen, or expired). Walks the chain in chunks (ZMSCORE of 8,
-# then 32, 128, 256 hashes) and stops at the first block not held: exactly the leading run,
+# backend without state: never seen, or expired). Walks the chain in chunks (HMGET of 8, then
+# 32, 128, 256 blocks) and stops at the first block not held: exactly the leading run,
 # whatever the shape of the holdings.
 MATCH = r"""
 local gen = redis.call('HGET', KEYS[1], 'gen')
 if not gen then return {0, 0, 0, 0} end
 local chain = ARGV[1]
 local n = math.floor(#chain / 8)
-local held = redis.call('ZCARD', KEYS[2])
+local held = redis.call('HLEN', KEYS[2])
+local sub = string.sub
 
 local function hashes(i, j)
   local t = {}
-  for k = i, j do t[#t + 1] = string.sub(chain, 8 * k - 7, 8 * k) end
+  for k = i, j do t[#t + 1] = sub(chain, 8 * k - 7, 8 * k) end
   return t
 end
 
@@ -234,10 +301,10 @@ end
 local gpu, i, step = n, 1, 8
 while i <= n do
   local j = math.min(n, i + step - 1)
-  local scores = redis.call('ZMSCORE', KEYS[2], unpack(hashes(i, j)))
+  local found = redis.call('HMGET', KEYS[2], unpack(hashes(i, j)))
   local miss
-  for k = 1, #scores do
-    if not scores[k] then miss = k; break end
+  for k = 1, #found do
+    if not found[k] then miss = k; break end
   end
   if miss then gpu = i + miss - 2; break end
   i = j + 1
@@ -251,11 +318,11 @@ if gpu < n and redis.call('EXISTS', KEYS[3]) == 1 then
   while i <= n do
     local j = math.min(n, i + step - 1)
     local hs = hashes(i, j)
-    local stored = redis.call('ZMSCORE', KEYS[3], unpack(hs))
+    local stored = redis.call('HMGET', KEYS[3], unpack(hs))
     local on_gpu, miss
     for k = 1, #stored do
       if not stored[k] then
-        on_gpu = on_gpu or redis.call('ZMSCORE', KEYS[2], unpack(hs))
+        on_gpu = on_gpu or redis.call('HMGET', KEYS[2], unpack(hs))
         if not on_gpu[k] then miss = k; break end
       end
     end
@@ -277,13 +344,13 @@ local clock = redis.call('TIME')
 local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local age = -1
 if v[2] then age = math.max(0, now_ms - tonumber(v[2])) end
-return {redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3]), v[1] or '0', age, v[3],
+return {redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3]), v[1] or '0', age, v[3],
   v[4] or '0', v[5] or '0', v[6] or '0', v[7] or '0', v[8] or '0', v[9] or '0'}
 """
 
-# KEYS: m, g, s, t0, t1.  Deletes the backend's state; returns how many present blocks went.
+# KEYS: all of a backend's.  Deletes its state; returns how many present blocks went.
 CLEAR = r"""
-local held = redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3])
-redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+local held = redis.call('HLEN', KEYS[2]) + redis.call('HLEN', KEYS[3])
+redis.call('UNLINK', unpack(KEYS))
 return held
 """

@@ -24,7 +24,14 @@ from continuum_common.config.router import KvCacheIndex
 from continuum_common.kvindex.adapters import block_scripts
 from continuum_common.kvindex.block_keys import BlockKeys
 from continuum_common.kvindex.block_memory import DEFAULT_TOMBSTONE_SECONDS
-from continuum_common.kvindex.block_pack import group_by_backend, pack_batch, pack_chain, seq_in_range, split_by_size
+from continuum_common.kvindex.block_pack import (
+    Part,
+    group_by_backend,
+    pack_chain,
+    pack_parts,
+    seq_in_range,
+    split_by_size,
+)
 from continuum_common.kvindex.blocks import (
     NO_MATCH,
     BlockApplyReport,
@@ -53,6 +60,10 @@ DEFAULT_BLOCKS_PER_PIPELINE = 16_384
 _REGISTRY_REFRESH_S = 30.0
 
 _Call = tuple[str, Sequence[str], Sequence[Any]]
+
+
+def _part_blocks(part: Part) -> int:
+    return part.blocks
 
 
 def _text(value: bytes | str) -> str:
@@ -169,27 +180,30 @@ class RedisBlockIndex:
     # ---- write side ------------------------------------------------------------------------
 
     async def apply_batches(self, batches: Sequence[KvBatch]) -> BlockApplyReport:
-        """One APPLY call per backend (split beyond `max_blocks_per_call` block events), in
-        pipelines of at most `max_blocks_per_pipeline` block events: usually one round trip.
-        When one fails, the ones before it stay applied; re-applying them is a no-op."""
+        """One APPLY call per backend (split beyond `max_blocks_per_call` block events, a big
+        batch into parts), in pipelines of at most `max_blocks_per_pipeline` block events:
+        usually one round trip. When one fails, the ones before it stay applied; re-applying
+        them is a no-op."""
         report = BlockApplyReport()
         pipelines: list[list[_Call]] = [[]]
         size = 0
         groups = group_by_backend(batches)
         for backend, group in groups.items():
             keys = self.keys.backend(backend)
+            parts: list[Part] = []
             for batch in group:
-                if not seq_in_range(batch):  # read as stale, like the memory index does
+                if seq_in_range(batch):
+                    parts += pack_parts(batch, self.max_blocks_per_call)
+                else:  # read as stale, like the memory index does
                     report.stale_batches += 1
                     report.stale += batch.block_count
-            for run in split_by_size([b for b in group if seq_in_range(b)], self.max_blocks_per_call):
-                blocks = sum(b.block_count for b in run)
+            for run in split_by_size(parts, self.max_blocks_per_call, _part_blocks):
+                blocks = sum(p.blocks for p in run)
                 if pipelines[-1] and size + blocks > self.max_blocks_per_pipeline:
                     pipelines.append([])
                     size = 0
-                pipelines[-1].append(
-                    ("apply", keys, (self.ttl_ms, self.max_blocks, self.tombstone_ms, *map(pack_batch, run)))
-                )
+                args = (self.ttl_ms, self.max_blocks, self.tombstone_ms, *(p.packed for p in run))
+                pipelines[-1].append(("apply", keys, args))
                 size += blocks
         if not pipelines[0]:
             return report
