@@ -16,7 +16,10 @@ Reported, per request, in milliseconds (p50 / p99 over the requests of each kind
 
 Each line splits the time into render (the Jinja2 chat template), tokenize (chunk lookups and
 tokenizer calls), hash (block hashing) and other (splitting, chain-node lookups); "total" is
-render + encode. Then the block hashers alone: µs per 16-token block over a 12k-token chain.
+render + encode. Then the block hashers alone: µs per 16-token block over a 12k-token chain,
+and what the simulated engine spends turning the same chat requests into ids (render + encode,
+every turn in order): with the built-in tokenizer, with `--tokenizer` (span cache), and the
+Hugging Face tokenizer on whole texts.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from pathlib import Path
 from continuum_common.hashing.blocks import BlockHasher, make_block_hasher
 from continuum_common.tokenization import LocalTokenizer, PromptEncoder
 from continuum_sim.hf_tokenizer import train_tokenizer
+from continuum_sim.protocol.chat_template import ChatMessage
+from continuum_sim.protocol.codec import BuiltinCodec, HfCodec, PromptCodec
 from continuum_sim.protocol.generation import TextGenerator
 from continuum_sim.protocol.tokenizer import Tokenizer
 
@@ -129,15 +134,18 @@ def baseline(tokenizer: LocalTokenizer, hasher: BlockHasher, messages: Messages)
     return Sample(len(ids), rendered - started, tokenized - rendered, done - tokenized, done - rendered)
 
 
-def run(args: argparse.Namespace, tokenizer: LocalTokenizer) -> list[Kind]:
-    hasher = make_block_hasher("vllm", args.block_size, hash_seed="0")
+def build_chats(args: argparse.Namespace, tokenizer: LocalTokenizer) -> list[list[Messages]]:
     texts = Texts(args.seed)
     system = texts(args.system_tokens)
 
     def count(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
-    chats = [conversation(texts, system, args.target_tokens, count) for _ in range(args.conversations)]
+    return [conversation(texts, system, args.target_tokens, count) for _ in range(args.conversations)]
+
+
+def run(args: argparse.Namespace, tokenizer: LocalTokenizer, chats: list[list[Messages]]) -> list[Kind]:
+    hasher = make_block_hasher("vllm", args.block_size, hash_seed="0")
     warm, last, first, cold, base = Kind("warm, every turn"), Kind("warm, last turn"), Kind("new conversation"), \
         Kind("cold (empty encoder)"), Kind("baseline: whole text + full rehash")  # fmt: skip
     encoder = PromptEncoder(tokenizer, hasher, max_cache_bytes=args.cache_mb << 20)
@@ -193,6 +201,33 @@ def hasher_costs(block_size: int, tokens: int, repeats: int) -> None:
         print(f"  {name:<30} {statistics.median(times) / len(digests) * 1e6:6.2f} µs/block")
 
 
+def sim_codec_costs(tokenizer: LocalTokenizer, chats: list[list[Messages]]) -> None:
+    """The simulated engine's render + encode of every chat request, per codec."""
+
+    def hf_whole(messages: list[ChatMessage]) -> list[int]:
+        return tokenizer.encode(tokenizer.render_chat([{"role": m.role, "content": m.content} for m in messages]),
+                                add_special_tokens=False)  # fmt: skip
+
+    codecs: list[tuple[str, PromptCodec | None]] = [
+        ("built-in tokenizer", BuiltinCodec(Tokenizer())),
+        ("--tokenizer (span cache)", HfCodec(tokenizer)),
+        ("Hugging Face, whole texts", None),
+    ]
+    print("\nsimulated engine, render + encode per chat request, every turn (ms p50 / p99):")
+    for name, codec in codecs:
+        times = []
+        for chat in chats:
+            for raw in chat:
+                messages = [ChatMessage(m["role"], m["content"]) for m in raw]
+                started = time.perf_counter()
+                if codec is None:
+                    hf_whole(messages)
+                else:
+                    codec.encode(codec.render_chat(messages), add_special_tokens=False)
+                times.append(time.perf_counter() - started)
+        print(f"  {name:<28} {pct(times, 0.5) * 1e3:7.2f} / {pct(times, 0.99) * 1e3:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conversations", type=int, default=40)
@@ -202,6 +237,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--cache-mb", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--sim-conversations", type=int, default=10, help="conversations for the simulator part")
     parser.add_argument("--tokenizer-dir", help="reuse (or write) the trained tokenizer here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,8 +248,10 @@ def main() -> None:
             print(f"trained tokenizer: {tokenizer.vocab_size} tokens")
         encoder_check = PromptEncoder(tokenizer, make_block_hasher("vllm", args.block_size, hash_seed="0"))
         print(f"piecewise encoding: {encoder_check.piecewise} {encoder_check.support.reason}".rstrip())
-        report(run(args, tokenizer))
+        chats = build_chats(args, tokenizer)
+        report(run(args, tokenizer, chats))
         hasher_costs(args.block_size, args.target_tokens, 9)
+        sim_codec_costs(tokenizer, chats[: args.sim_conversations])
 
 
 if __name__ == "__main__":
