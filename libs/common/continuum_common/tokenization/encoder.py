@@ -110,7 +110,9 @@ class PromptEncoder:
         return self._nodes.bytes + self._chunks.cache_bytes
 
     def clear(self) -> None:
+        """Forget every cached node, result and chunk."""
         self._nodes.clear()
+        self._chunks.clear()
 
     def encode(
         self,
@@ -226,7 +228,7 @@ class PromptEncoder:
         cached = self._nodes.get(key)
         if isinstance(cached, EncodedPrompt):
             self.stats.whole_text_hits += 1
-            return cached
+            return EncodedPrompt(cached.token_count, list(cached.block_hashes))  # callers may keep it
         chunk_stats = self.stats.chunks
         started = time.perf_counter()
         ids = self.tokenizer.encode(text, add_special_tokens=add_special)
@@ -238,7 +240,8 @@ class PromptEncoder:
         self.stats.hash_seconds += time.perf_counter() - started
         self.stats.hashed_blocks += len(digests)
         result = EncodedPrompt(len(ids), [self.hasher.wire(d) for d in digests])
-        self._nodes.put(key, result, _NODE_OVERHEAD + sys.getsizeof(text) + 8 * len(digests))
+        stored = EncodedPrompt(result.token_count, list(result.block_hashes))
+        self._nodes.put(key, stored, _NODE_OVERHEAD + sys.getsizeof(text) + 8 * len(digests))
         return result
 
 
