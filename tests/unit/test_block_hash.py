@@ -248,6 +248,9 @@ def test_bad_configuration_and_token_ids_raise_block_hash_error() -> None:
             hasher.chain([1, 1 << 64])
     with pytest.raises(BlockHashError):
         make_block_hasher("sglang", 2).chain([1, 1 << 32])
+    for algo in ("sha256_cbor", "sha256"):
+        with pytest.raises(BlockHashError, match="integers"):
+            make_block_hasher("vllm", 2, hash_seed="0", vllm_hash_algo=algo).chain([1, "x"])  # type: ignore[arg-type, list-item]
     # ValueError too, so callers that only know the builtin still catch it.
     with pytest.raises(ValueError):
         make_block_hasher("sglang", 2).chain([-1, 0])

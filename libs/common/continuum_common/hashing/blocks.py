@@ -125,9 +125,9 @@ def _uint_table() -> tuple[bytes, ...]:
 def _cbor_tokens(tokens: Sequence[int]) -> list[bytes]:
     """One CBOR item per token id, in C for ids in the table."""
     table = _uint_table()
-    if tokens and min(tokens) < 0:  # a negative index would silently read the table's end
-        raise BlockHashError("token ids must be integers in [0, 2**64)")
     try:
+        if tokens and min(tokens) < 0:  # a negative index would silently read the table's end
+            raise BlockHashError("token ids must be integers in [0, 2**64)")
         return list(map(table.__getitem__, tokens))
     except IndexError:
         return [table[t] if t < _TABLE_SIZE else _cbor_uint(t) for t in tokens]
@@ -316,8 +316,11 @@ class VllmPickleHasher(_Hasher):
 
 def _check_ids(tokens: Sequence[int]) -> None:
     # Pickle would hash anything; keep the domain the CBOR hasher accepts so both agree.
-    if tokens and (min(tokens) < 0 or max(tokens) > _U64_MASK):
-        raise BlockHashError("token ids must be integers in [0, 2**64)")
+    try:
+        if tokens and (min(tokens) < 0 or max(tokens) > _U64_MASK):
+            raise BlockHashError("token ids must be integers in [0, 2**64)")
+    except TypeError:
+        raise BlockHashError("token ids must be integers") from None
 
 
 class SglangHasher(_Hasher):
