@@ -106,6 +106,10 @@ def test_hf_globals_filters_and_block_trimming(tmp_path: Path, files: TokenizerF
     assert text == '<s>[user:é][x:y]{"role": "user", "content": "é"}|None|7|</s>'
     explicit = LocalTokenizer(files.tokenizer, chat_template=path, bos_token="<B>", eos_token="<E>")
     assert explicit.render_chat([{"role": "user", "content": "q"}]).startswith("<B>[user:q]")
+    # Request-supplied variables (chat_template_kwargs) may use any name without breaking the call;
+    # they override special tokens but not the messages.
+    odd = {"messages": "nope", "special_tokens": 1, "variables": 2, "template": 3, "eos_token": "<X>", "extra": 8}
+    assert tok.render_chat([{"role": "user", "content": "q"}], **odd).endswith("|8|<X>")
 
 
 def test_named_template_list_uses_default(tmp_path: Path, files: TokenizerFiles) -> None:

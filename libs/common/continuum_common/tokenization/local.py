@@ -71,12 +71,15 @@ class LocalTokenizer:
     def render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],
+        /,
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str:
-        """The prompt text for `messages` (ChatTemplateError when there is no template or it fails)."""
+        """The prompt text for `messages` (ChatTemplateError when there is no template or it
+        fails). `kwargs` become template variables (a request's `chat_template_kwargs`, `tools`);
+        any name is accepted, `messages` and `add_generation_prompt` keep their own values."""
         if self._template is None:
             raise ChatTemplateError("this tokenizer has no chat template")
         return chat.render(
@@ -85,7 +88,7 @@ class LocalTokenizer:
             special_tokens=self.special_tokens,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
-            **kwargs,
+            variables=kwargs,
         )
 
     # -- ids -------------------------------------------------------------------------------
