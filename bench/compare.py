@@ -7,19 +7,20 @@ the workload through it over real HTTP (engines' prefix caches reset before ever
 router is stopped. The summary table (hit rate as a fraction of the ideal, TTFT percentiles,
 load imbalance) is printed and written to bench/results/compare-<workloads>.{md,json}.
 
-Built-in routers (each a real process tree, nothing in the benchmark's own event loop):
+Workloads: `shared-prompt`, `multi-turn`, `trace` (a Mooncake JSONL, `--trace PATH`) and
+`conversations` (production-shaped multi-turn chat, bench/fleet/conversations.py). With
+`--tokenizer hf` the engines and the workloads share a small trained Hugging Face tokenizer.
+`--count-engine-calls` puts a counting tap in front of every engine and reports the calls each
+router makes per routed request (`/tokenize`, health checks, metrics polls, ...).
 
-| name | what runs |
-|---|---|
-| `continuum-round-robin` | `continuum-router serve`, RoundRobin, prefix routing off |
-| `continuum-prefix-hash` | `continuum-router serve`, PrefixAwareHash (CHWBL, Tier 1) |
-| `continuum-prefix-hash-kv` | PrefixAwareHash + KV index (Tier 4, memory index in the ingress), salt echo, a `continuum-kv-listener` on the engines' ZMQ events, a private `nats-server -js` |
-| `continuum-prefix-hash-kv-redis` | the same with `backend: redis`: a `redis-server` and a `continuum-indexer` |
-| `direct-round-robin`, `direct-prefix-hash` | no router: the benchmark's own baselines |
+Built-in routers (each a real process tree, nothing in the benchmark's own event loop) are
+listed in bench/fleet/continuum.py; `direct-round-robin` and `direct-prefix-hash` are the
+benchmark's own baselines (no router).
 
 Adding a router: write an async context manager that starts it against the fleet described by
-a `FleetContext` and yields its base URL (`http://host:port`, the benchmark appends `/v1`), and
-register it under a name:
+a `FleetContext` and yields its base URL (`http://host:port`, the benchmark appends `/v1`) —
+or a list of base URLs for several replicas, which the benchmark takes in turn per request —
+and register it under a name:
 
     from bench.compare import FleetContext, router
 
@@ -41,280 +42,94 @@ import asyncio
 import contextlib
 import importlib
 import json
-import os
-import re
-import secrets
 import shlex
-import signal
 import sys
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field, replace
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-import yaml
-
+import bench.fleet.continuum  # noqa: F401  (registers Continuum's routers)
+from bench.fleet.harness import ROUTERS, FleetContext, RouterFactory, console, process, router, router_urls, wait_until
 from bench.fleet.report import markdown_row
-from bench.fleet.runner import FleetBenchOptions, engine_configs, report_and_print, run_fleet_bench
-from continuum_common.procs import NatsServer, RedisServer, free_port
-from continuum_sim import EngineEndpoints, SimFleet, listener_sources, router_backends
+from bench.fleet.runner import WORKLOADS, FleetBenchOptions, engine_configs, report_and_print, run_fleet_bench
+from bench.fleet.tap import EngineTap
+from bench.fleet.tokens import TOKENIZER_CHOICES, train_hf_tokenizer
+from continuum_sim import SimFleet
 
-RouterFactory = Callable[["FleetContext"], AbstractAsyncContextManager[str]]
-ROUTERS: dict[str, RouterFactory] = {}
+__all__ = [
+    "ROUTERS", "FleetContext", "RouterFactory", "compare", "console", "main", "process", "router", "table", "wait_until",
+]  # fmt: skip
+
 DEFAULT_ROUTERS = ("continuum-round-robin", "continuum-prefix-hash", "continuum-prefix-hash-kv")
 DEFAULT_WORKLOADS = ("shared-prompt", "multi-turn")
-READY_TIMEOUT_S = 60.0
-
-
-def router(name: str) -> Callable[[RouterFactory], RouterFactory]:
-    """Register a router factory under `name` (see the module docstring)."""
-
-    def register(factory: RouterFactory) -> RouterFactory:
-        ROUTERS[name] = factory
-        return factory
-
-    return register
-
-
-@dataclass
-class FleetContext:
-    endpoints: list[EngineEndpoints]
-    work_dir: Path
-    options: FleetBenchOptions
-    _logs: list[Path] = field(default_factory=list)
-
-    @property
-    def model(self) -> str:
-        model: str = self.endpoints[0].model
-        return model
-
-    def log(self, name: str) -> Path:
-        path = self.work_dir / f"{name}.log"
-        self._logs.append(path)
-        return path
-
-    @staticmethod
-    def free_port() -> int:
-        return free_port()
-
-    def write_yaml(self, name: str, data: dict[str, Any]) -> Path:
-        path = self.work_dir / name
-        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-        return path
-
-
-# ---- process plumbing --------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def process(
-    argv: Sequence[str], log_path: Path, *, ready: str | None = None, env: dict[str, str] | None = None
-) -> AsyncIterator[tuple[asyncio.subprocess.Process, re.Match[str] | None]]:
-    """Run `argv` with stdout+stderr appended to `log_path`; with `ready`, wait for a line
-    matching it (and yield the match). SIGTERM on exit, SIGKILL 15 s later."""
-    log = log_path.open("ab")
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-        env={**os.environ, **(env or {})}, start_new_session=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    match: re.Match[str] | None = None
-    pump: asyncio.Task[None] | None = None
-    try:
-        if ready is not None:
-            async with asyncio.timeout(READY_TIMEOUT_S):
-                while match is None:
-                    line = await proc.stdout.readline()
-                    if not line:
-                        raise RuntimeError(f"{argv[0]} exited before it was ready; see {log_path}")
-                    log.write(line)
-                    match = re.search(ready, line.decode(errors="replace"))
-        pump = asyncio.create_task(_pump(proc.stdout, log))
-        yield proc, match
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 15)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        if pump is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(pump, 5)
-        log.close()
-
-
-async def _pump(stream: asyncio.StreamReader, log: Any) -> None:
-    while line := await stream.readline():
-        log.write(line)
-        log.flush()
-
-
-def console(name: str) -> list[str]:
-    """A console script of this installation (the same interpreter's bin directory)."""
-    candidate = Path(sys.executable).with_name(name)
-    return [str(candidate)] if candidate.exists() else [name]
-
-
-async def wait_until(check: Callable[[], Any], what: str, limit_s: float = READY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + limit_s
-    while True:
-        with contextlib.suppress(httpx.HTTPError, OSError):
-            if await check():
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
-# ---- Continuum -----------------------------------------------------------------------------
-
-
-def continuum_config(ctx: FleetContext, strategy: str, *, prefix_routing: bool) -> dict[str, Any]:
-    return {
-        "server": {"host": "127.0.0.1", "port": 0},
-        "selection_strategy": strategy,
-        "prefix_routing": {"enabled": prefix_routing},
-        "backends": [
-            {**b, "health_check_interval_ms": 2000, "request_timeout_ms": 600_000}
-            for b in router_backends(ctx.endpoints)
-        ],
-    }
-
-
-@contextlib.asynccontextmanager
-async def continuum_ingress(ctx: FleetContext, name: str, config: dict[str, Any]) -> AsyncIterator[str]:
-    path = ctx.write_yaml(f"{name}.yaml", config)
-    argv = [*console("continuum-router"), "serve", "--config", str(path), "--port", "0", "--log-level", "WARNING"]
-    async with process(argv, ctx.log(name), ready=r"listening on (http://\S+)") as (_, match):
-        assert match is not None
-        yield match.group(1)
-
-
-@router("continuum-round-robin")
-@contextlib.asynccontextmanager
-async def continuum_round_robin(ctx: FleetContext) -> AsyncIterator[str]:
-    async with continuum_ingress(ctx, "continuum-rr", continuum_config(ctx, "RoundRobin", prefix_routing=False)) as u:
-        yield u
-
-
-@router("continuum-prefix-hash")
-@contextlib.asynccontextmanager
-async def continuum_prefix_hash(ctx: FleetContext) -> AsyncIterator[str]:
-    config = continuum_config(ctx, "PrefixAwareHash", prefix_routing=True)
-    async with continuum_ingress(ctx, "continuum-ph", config) as url:
-        yield url
-
-
-@contextlib.asynccontextmanager
-async def kv_stack(ctx: FleetContext, backend: str) -> AsyncIterator[str]:
-    """nats-server, the KV listener, (Redis + indexer,) and the ingress with the KV index."""
-    salt = ctx.work_dir / "salt-secret"
-    salt.write_text(secrets.token_urlsafe(32))
-    async with contextlib.AsyncExitStack() as stack:
-        nats = NatsServer(data_dir=ctx.work_dir / f"nats-{backend}")
-        await nats.start()
-        stack.push_async_callback(nats.close)
-        listener = ctx.write_yaml(
-            f"listener-{backend}.yaml",
-            {
-                "listen": "127.0.0.1:0",
-                "bus": {"embedded": False, "url": nats.url},
-                "salt": {"secret_file": str(salt)},
-                "sources": [{**s, "prefix_key_mode": "auto"} for s in listener_sources(ctx.endpoints)],
-            },
-        )
-        await stack.enter_async_context(
-            process([*console("continuum-kv-listener"), "--config", str(listener)], ctx.log(f"listener-{backend}"))
-        )
-        config = continuum_config(ctx, "PrefixAwareHash", prefix_routing=True)
-        config["bus"] = {"embedded": False, "url": nats.url}
-        config["kv_cache_index"] = {
-            "enabled": True,
-            "backend": backend,
-            "salt_echo": {"enabled": True, "secret_file": str(salt)},
-        }
-        if backend == "redis":
-            redis = RedisServer(data_dir=ctx.work_dir / "redis")
-            await redis.start()
-            stack.push_async_callback(redis.close)
-            config["redis"] = {"url": redis.url}
-            path = ctx.write_yaml("indexer.yaml", config)
-            argv = [*console("continuum-indexer"), "--config", str(path), "--nats-url", nats.url, "--listen", "off"]
-            await stack.enter_async_context(process(argv, ctx.log("indexer")))
-        url = await stack.enter_async_context(continuum_ingress(ctx, f"continuum-kv-{backend}", config))
-        await _wait_kv_ready(url, backend)
-        yield url
-
-
-async def _wait_kv_ready(url: str, backend: str) -> None:
-    """The ingress's consumer is bound (memory) and the listener has announced its epoch."""
-    async with httpx.AsyncClient(timeout=5) as client:
-
-        async def bound() -> bool:
-            text = (await client.get(url + "/metrics")).text
-            return backend != "memory" or 'continuum_kv_consumer_connected{backend="event_bus"} 1.0' in text
-
-        await wait_until(bound, "the ingress's KV consumer")
-
-
-@router("continuum-prefix-hash-kv")
-@contextlib.asynccontextmanager
-async def continuum_kv_memory(ctx: FleetContext) -> AsyncIterator[str]:
-    async with kv_stack(ctx, "memory") as url:
-        yield url
-
-
-@router("continuum-prefix-hash-kv-redis")
-@contextlib.asynccontextmanager
-async def continuum_kv_redis(ctx: FleetContext) -> AsyncIterator[str]:
-    async with kv_stack(ctx, "redis") as url:
-        yield url
-
-
-def _builtin(name: str) -> RouterFactory:
-    @contextlib.asynccontextmanager
-    async def baseline(ctx: FleetContext) -> AsyncIterator[str]:
-        yield name
-
-    return baseline
-
-
-for _name in ("direct-round-robin", "direct-prefix-hash"):
-    router(_name)(_builtin(_name))
 
 
 # ---- the comparison ------------------------------------------------------------------------
 
 
 async def compare(
-    routers: Sequence[str], workloads: Sequence[str], base: FleetBenchOptions, work_dir: Path
+    routers: Sequence[str],
+    workloads: Sequence[str],
+    base: FleetBenchOptions,
+    work_dir: Path,
+    *,
+    count_engine_calls: bool = False,
+    failures: list[dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
+    """Run every workload through every router on one fleet. With `failures`, a run that
+    fails is recorded there and the comparison goes on; without, the error propagates."""
+    if base.tokenizer == "hf" and base.hf_tokenizer is None:
+        raise ValueError("--tokenizer hf: train the tokenizer first (bench.fleet.tokens.train_hf_tokenizer)")
     reports: list[dict[str, Any]] = []
     await asyncio.to_thread(work_dir.mkdir, parents=True, exist_ok=True)
     async with SimFleet(configs=engine_configs(base), process=not base.in_process) as fleet:
         info = work_dir / "fleet.json"
         fleet.write_info(info)
-        ctx = FleetContext(list(fleet.endpoints), work_dir, base)
-        for workload in workloads:
-            for name in routers:
-                print(f"== {workload} via {name}", file=sys.stderr, flush=True)
-                async with ROUTERS[name](ctx) as url:
-                    opts = replace(
-                        base, workload=workload, router=url, router_label=name, fleet_file=str(info),
-                        name=f"compare-{workload}-{name}",
-                        command=f"{base.command} (workload {workload}, router {name})",
-                    )  # fmt: skip
-                    report, results = await run_fleet_bench(opts)
-                    report_and_print(report, results, opts)
-                    reports.append(report)
+        async with _tapped(fleet, count_engine_calls) as tap:
+            endpoints = tap.endpoints if tap else list(fleet.endpoints)
+            ctx = FleetContext(endpoints, work_dir, base, hf_tokenizer=base.hf_tokenizer)
+            for workload in workloads:
+                for name in routers:
+                    try:
+                        reports.append(await _one_run(ctx, name, workload, info, tap))
+                    except (RuntimeError, OSError, ValueError, TimeoutError) as exc:
+                        if failures is None:
+                            raise
+                        # A router that cannot start (or a run that breaks) is reported; the
+                        # other routers still run on the same fleet.
+                        print(f"!! {workload} via {name} failed: {exc}", file=sys.stderr, flush=True)
+                        failures.append({"workload": workload, "router": name, "error": str(exc)[:300]})
     return reports
+
+
+@contextlib.asynccontextmanager
+async def _tapped(fleet: SimFleet, enabled: bool) -> AsyncIterator[EngineTap | None]:
+    if not enabled:
+        yield None
+        return
+    async with EngineTap(fleet.endpoints) as tap:
+        yield tap
+
+
+async def _one_run(ctx: FleetContext, name: str, workload: str, info: Path, tap: EngineTap | None) -> dict[str, Any]:
+    base = ctx.options
+    print(f"== {workload} via {name}", file=sys.stderr, flush=True)
+    async with ROUTERS[name](ctx) as yielded:
+        opts = replace(
+            base, workload=workload, router=",".join(router_urls(yielded)), router_label=name, fleet_file=str(info),
+            name=f"compare-{workload}-{name}", command=f"{base.command} (workload {workload}, router {name})",
+        )  # fmt: skip
+        # What the router did while starting (and the readiness probe) is not per request.
+        report, results = await run_fleet_bench(opts, before_run=tap.reset if tap else None)
+        if tap is not None:
+            report["engine_calls"] = {
+                "routed_requests": len(results), "by_route": tap.totals(), "by_engine": tap.counts(),
+                "tap_errors": tap.errors,
+            }  # fmt: skip
+        report_and_print(report, results, opts)
+    return report
 
 
 MD_HEADER = (
@@ -334,25 +149,102 @@ def table(reports: Sequence[dict[str, Any]]) -> str:
     return MD_HEADER + "\n".join(rows) + "\n"
 
 
+def calls_table(reports: Sequence[dict[str, Any]], *, columns: int = 6) -> str:
+    """Engine calls per routed request, one row per run, the busiest routes as columns."""
+    counted = [r for r in reports if r.get("engine_calls")]
+    if not counted:
+        return ""
+    totals: dict[str, int] = {}
+    for report in counted:
+        for route, count in report["engine_calls"]["by_route"].items():
+            totals[route] = totals.get(route, 0) + count
+    routes = sorted(totals, key=lambda r: -totals[r])[:columns]
+    head = "| workload | router | requests | " + " | ".join(f"`{r}`" for r in routes) + " | other |\n"
+    head += "|---|---|---:|" + "---:|" * (len(routes) + 1) + "\n"
+    rows = []
+    for report in counted:
+        calls = report["engine_calls"]
+        n = max(calls["routed_requests"], 1)
+        by_route = calls["by_route"]
+        other = sum(v for k, v in by_route.items() if k not in routes)
+        cells = [f"{by_route.get(r, 0) / n:.2f}" for r in routes] + [f"{other / n:.2f}"]
+        rows.append(
+            f"| {report['workload']['workload']} | {report['router']} | {calls['routed_requests']} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return head + "\n".join(rows) + "\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    d = FleetBenchOptions()
     p = argparse.ArgumentParser(
         prog="continuum-router bench compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--routers", default=",".join(DEFAULT_ROUTERS), help="comma-separated registered names")
-    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help="shared-prompt, multi-turn, trace")
+    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=", ".join(WORKLOADS))
     p.add_argument("--plugin", action="append", default=[], help="module that registers more routers (repeatable)")
     p.add_argument("--list", action="store_true", help="list the registered routers and exit")
     p.add_argument("--work-dir", default=None, help="configs and logs of the routers (default: a new temp dir)")
     p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per simulated second (default 1.0)")
-    p.add_argument("--engines", type=int, default=4)
-    p.add_argument("--num-gpu-blocks", type=int, default=1500)
-    p.add_argument("--requests", type=int)
-    p.add_argument("--rate", type=float)
-    p.add_argument("--conversations", type=int, default=64)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out-dir", default="bench/results")
-    p.add_argument("--in-process", action="store_true", help="engines in this process (default: a child process)")
+    p.add_argument("--name", help="file stem of the summary (default compare-<workloads>)")
+    p.add_argument(
+        "--count-engine-calls", action="store_true",
+        help="count every HTTP call the router makes to the engines (a loopback tap in front of each engine)",
+    )  # fmt: skip
+    e = p.add_argument_group("engines")
+    e.add_argument("--engines", type=int, default=4)
+    e.add_argument("--num-gpu-blocks", type=int, default=1500, help="KV blocks per engine")
+    e.add_argument("--block-size", type=int, default=d.block_size)
+    e.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    e.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    e.add_argument(
+        "--tokenizer", choices=TOKENIZER_CHOICES, default="builtin",
+        help="hf: train a small Hugging Face tokenizer into the work dir once; engines, workloads, ideal and the "
+        "precise match group all use it",
+    )  # fmt: skip
+    e.add_argument("--in-process", action="store_true", help="engines in this process (default: a child process)")
+    w = p.add_argument_group("workloads")
+    w.add_argument("--requests", type=int, help="shared-prompt: requests; trace: max lines")
+    w.add_argument(
+        "--rate", type=float, help="shared-prompt req/s; multi-turn and conversations: conversation starts/s"
+    )
+    w.add_argument("--output-tokens", type=int, help="answer length (shared-prompt, multi-turn)")
+    w.add_argument("--conversations", type=int, default=64, help="multi-turn: conversations")
+    w.add_argument("--system-prompts", type=int, help="multi-turn 4, conversations 8")
+    w.add_argument("--duration", type=float, help="conversations: seconds of conversation starts (600)")
+    w.add_argument("--trace", help="trace: a Mooncake JSONL (default bench/traces/mooncake_synthetic.jsonl)")
+    w.add_argument("--trace-duration", type=float, help="trace: replay only the first N trace seconds")
+    w.add_argument("--trace-limit", type=int, help="trace: replay only the first N lines")
     return p
+
+
+def options(args: argparse.Namespace, argv: Sequence[str]) -> FleetBenchOptions:
+    return FleetBenchOptions(
+        engines=args.engines, num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, tokenizer=args.tokenizer,
+        time_scale=args.time_scale, seed=args.seed, requests=args.requests, rate=args.rate,
+        output_tokens=args.output_tokens, conversations=args.conversations, system_prompts=args.system_prompts,
+        duration=args.duration, trace=args.trace, trace_duration=args.trace_duration, trace_limit=args.trace_limit,
+        out_dir=args.out_dir, in_process=args.in_process, plot=False, progress=sys.stderr.isatty(),
+        command="continuum-router bench compare " + shlex.join(argv),
+    )  # fmt: skip
+
+
+def _check(args: argparse.Namespace, routers: Sequence[str], workloads: Sequence[str]) -> str | None:
+    unknown = [r for r in routers if r not in ROUTERS]
+    if unknown:
+        return f"unknown router(s) {', '.join(unknown)}; known: {', '.join(sorted(ROUTERS))}"
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad or not workloads:
+        return f"unknown workload(s) {', '.join(bad)}; known: {', '.join(WORKLOADS)}"
+    if args.engines < 1 or args.time_scale <= 0:
+        return "--engines must be >= 1 and --time-scale > 0"
+    if args.trace and not Path(args.trace).is_file():
+        return f"--trace {args.trace}: no such file"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -364,30 +256,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(sorted(ROUTERS)))
         return 0
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
-    unknown = [r for r in routers if r not in ROUTERS]
-    if unknown:
-        print(f"error: unknown router(s) {', '.join(unknown)}; known: {', '.join(sorted(ROUTERS))}", file=sys.stderr)
-        return 2
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    base = FleetBenchOptions(
-        engines=args.engines, num_gpu_blocks=args.num_gpu_blocks, time_scale=args.time_scale, seed=args.seed,
-        requests=args.requests, rate=args.rate, conversations=args.conversations, out_dir=args.out_dir,
-        in_process=args.in_process, plot=False, progress=sys.stderr.isatty(),
-        command="continuum-router bench compare " + shlex.join(argv),
-    )  # fmt: skip
-    import tempfile
-
+    problem = _check(args, routers, workloads)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    base = options(args, argv)
     work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="continuum-compare-"))
-    reports = asyncio.run(compare(routers, workloads, base, work_dir))
+    failures: list[dict[str, str]] = []
+    try:
+        if base.tokenizer == "hf":
+            base = replace(base, hf_tokenizer=train_hf_tokenizer(work_dir / "tokenizer"))
+        reports = asyncio.run(
+            compare(routers, workloads, base, work_dir, count_engine_calls=args.count_engine_calls, failures=failures)
+        )
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    write_summary(reports, failures, base, Path(args.out_dir), args.name or "compare-" + "-".join(workloads))
+    print(f"router logs in {work_dir}")
+    ok = all(r["results"]["ok"] == r["results"]["requests"] for r in reports)
+    return 0 if ok and not failures else 1
+
+
+def write_summary(
+    reports: Sequence[dict[str, Any]], failures: Sequence[dict[str, str]], base: FleetBenchOptions, out: Path, stem: str
+) -> None:
     text = table(reports)
+    calls = calls_table(reports)
+    if calls:
+        text += "\nEngine calls per routed request (counted by the tap in front of the engines):\n\n" + calls
+    if failures:
+        text += "\nDid not run:\n\n" + "".join(f"* {f['workload']} via {f['router']}: {f['error']}\n" for f in failures)
     print("\n" + text)
-    out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = "compare-" + "-".join(workloads)
     (out / f"{stem}.md").write_text(f"Command: `{base.command}`\n\n{text}", encoding="utf-8")
-    (out / f"{stem}.json").write_text(json.dumps(reports, indent=2), encoding="utf-8")
-    print(f"wrote {out / (stem + '.md')}, {out / (stem + '.json')}; router logs in {work_dir}")
-    return 0 if all(r["results"]["ok"] == r["results"]["requests"] for r in reports) else 1
+    (out / f"{stem}.json").write_text(
+        json.dumps({"runs": list(reports), "failures": list(failures)}, indent=2), encoding="utf-8"
+    )
+    print(f"wrote {out / (stem + '.md')}, {out / (stem + '.json')}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """Shared set-up of the indexer benchmarks: real nats-server and redis-server processes, the
-`continuum-indexer` console entry point as its own process, and realistic event streams."""
+`continuum-indexer` console entry point as its own process, and realistic event streams
+(version-1 prefix-key events, and version-2 vLLM-shaped block batches)."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
+import itertools
 import os
 import random
 import sys
@@ -20,8 +23,9 @@ from nats.aio.client import Client as NatsClient
 
 from continuum_common.bus import ensure_kv_stream
 from continuum_common.config.router import Bus
-from continuum_common.events import STREAM_NAME, EventType, KvEvent, Tier
+from continuum_common.events import STREAM_NAME, SUBJECT_PREFIX, EventType, KvEvent, Tier
 from continuum_common.procs import NatsServer, RedisServer, free_port
+from continuum_common.wire.kv import AllCleared, BlockEvent, BlocksRemoved, BlocksStored, KvBatch, encode_batch
 
 
 def prefix(i: int) -> str:
@@ -46,6 +50,54 @@ def workload(count: int, *, backends: int = 8, prefixes: int = 50_000, seed: int
             )
         )
     return out
+
+
+def block_workload(
+    blocks: int, *, backends: int = 8, capacity: int = 4000, seed: int = 1, epoch: int = 1
+) -> list[KvBatch]:
+    """vLLM-shaped KV batches carrying about `blocks` block events: per engine step 1-3
+    BlockStored of a request's new full blocks (20-200 hashes each) and, once the engine's
+    cache holds `capacity` blocks, one single-hash BlockRemoved per block it evicts (the
+    least recently stored). The first batch of each backend starts with AllCleared."""
+    rng = random.Random(seed)
+    names = [f"vllm-{i}" for i in range(backends)]
+    seqs = dict.fromkeys(names, 0)
+    cached: dict[str, collections.deque[int]] = {n: collections.deque() for n in names}
+    out: list[KvBatch] = []
+    total = 0
+    while total < blocks:
+        name = rng.choice(names)
+        seqs[name] += 1
+        events: list[BlockEvent] = [AllCleared()] if seqs[name] == 1 else []
+        held = cached[name]
+        for _ in range(rng.randint(1, 3)):
+            hashes = [rng.getrandbits(64) for _ in range(rng.randint(20, 200))]
+            events.append(BlocksStored(hashes, parent=None, block_tokens=16))
+            held.extend(hashes)
+            total += len(hashes)
+        while len(held) > capacity:
+            events.append(BlocksRemoved([held.popleft()]))
+            total += 1
+        out.append(KvBatch(name, epoch, seqs[name], 0.0, events))
+    return out
+
+
+def block_events(batches: list[KvBatch]) -> list[int]:
+    """Cumulative block events after each batch (index i = the first i + 1 batches)."""
+    return list(itertools.accumulate(b.block_count for b in batches))
+
+
+async def publish_batches(nats_url: str, batches: list[KvBatch]) -> None:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    pending = []
+    for batch in batches:
+        pending.append(await js.publish_async(SUBJECT_PREFIX + batch.backend, encode_batch(batch)))
+        if len(pending) >= 2000:
+            await asyncio.gather(*pending)
+            pending.clear()
+    await asyncio.gather(*pending)
+    await nc.close()
 
 
 @contextlib.asynccontextmanager

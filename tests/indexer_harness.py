@@ -14,8 +14,9 @@ from nats.js.errors import NotFoundError
 
 from continuum_common.config.loader import parse
 from continuum_common.config.router import RouterConfig
-from continuum_common.events import STREAM_NAME, KvEvent
+from continuum_common.events import STREAM_NAME, SUBJECT_PREFIX, KvEvent
 from continuum_common.kvindex import KvHolder, KvIndex
+from continuum_common.wire.kv import KvBatch, encode_batch
 from continuum_indexer.app import IndexerApp
 from continuum_indexer.config import ConsumerSettings, IndexerSettings
 from tests.kvindex_streams import prefix
@@ -61,6 +62,24 @@ async def publish(nats_url: str, events: Iterable[KvEvent], *, dedupe: bool = Fa
         for event in events:
             headers = {"Nats-Msg-Id": event.msg_id} if dedupe else None
             pending.append(await js.publish_async(event.subject, event.encode(), headers=headers))
+            if len(pending) >= 2000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await nc.close()
+
+
+async def publish_batches(nats_url: str, batches: Iterable[KvBatch], *, dedupe: bool = False) -> None:
+    """Publish version-2 KV batches as a listener does (subject per backend, Msg-Id when
+    `dedupe`), with JetStream acks."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        pending = []
+        for batch in batches:
+            headers = {"Nats-Msg-Id": batch.msg_id} if dedupe else None
+            pending.append(await js.publish_async(SUBJECT_PREFIX + batch.backend, encode_batch(batch), headers=headers))
             if len(pending) >= 2000:
                 await asyncio.gather(*pending)
                 pending.clear()

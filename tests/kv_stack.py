@@ -125,6 +125,9 @@ def ingress_config(fleet: SimFleet, nats: NatsServer, redis: RedisServer | None,
             "enabled": True,
             "backend": "redis" if redis is not None else "memory",
             "salt_echo": {"enabled": True, "secret_env": SECRET_ENV},
+            # the seed's scorer on the prefix-key index, fed by the listener's prefix events
+            "default_mode": "prefix_key",
+            "scoring": {"model": "seed"},
             **kv,
         },
     }

@@ -5,7 +5,8 @@ token is measured at the first content chunk and the usage chunk gives prompt, c
 completion tokens. Modes: `direct` is the built-in round-robin baseline (request i goes to engine
 i mod N); `prefix-hash` sends each request to engine `prefix_key mod N` (the shared prefix key of
 `continuum_common.hashing`, no load bounds: a sanity baseline for what sticky routing can gain);
-`url` sends everything to one OpenAI-compatible base URL (a router under test).
+`url` sends everything to a router under test: one OpenAI-compatible base URL, or several (the
+replicas of one router), taken in turn per request as a round-robin load balancer would.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import httpx
 import orjson
 
 from bench.fleet.ideal import IdealCache
+from bench.fleet.tokens import TokenCodec
 from bench.fleet.workloads import BenchRequest, Session, Workload
 from continuum_common.hashing import request_prefix_key
-from continuum_sim.protocol.tokenizer import Tokenizer
 
 
 @dataclass
@@ -37,6 +38,7 @@ class RequestResult:
     cached_tokens: int
     completion_tokens: int
     ideal_hit_tokens: int
+    replica: int | None = None  # which router replica (url mode) took the request
 
 
 class Progress:
@@ -79,7 +81,7 @@ class Driver:
         model: str,
         time_scale: float,
         ideals: list[IdealCache],
-        tokenizer: Tokenizer,
+        codec: TokenCodec,
         request_timeout: float = 600.0,
         progress: Progress | None = None,
     ) -> None:
@@ -88,7 +90,7 @@ class Driver:
         self.model = model
         self.time_scale = time_scale
         self.ideals = ideals  # the first one's hit is recorded per request
-        self.tokenizer = tokenizer
+        self.codec = codec
         self.request_timeout = request_timeout
         self.progress = progress or Progress(0, enabled=False)
         self.results: list[RequestResult] = []
@@ -118,24 +120,26 @@ class Driver:
             if think > 0:
                 await asyncio.sleep(think * self.time_scale)
 
-    def _target(self, request: BenchRequest) -> tuple[str, int | None]:
+    def _target(self, request: BenchRequest) -> tuple[str, int | None, int | None]:
+        """(base URL, engine index when the benchmark picks it, router replica index)."""
         index = self._counter
         self._counter += 1
         if self.mode == "direct":
             engine = index % len(self.targets)
-            return self.targets[engine], engine
+            return self.targets[engine], engine, None
         if self.mode == "prefix-hash":
             key = request_prefix_key({"model": self.model, **request.body}, enabled=True) or b"\0"
             engine = int.from_bytes(key[:8], "big") % len(self.targets)
-            return self.targets[engine], engine
-        return self.targets[0], None
+            return self.targets[engine], engine, None
+        replica = index % len(self.targets)
+        return self.targets[replica], None, replica
 
     def _ideal_send(self, prompt_ids: list[int]) -> int:
         hits = [cache.on_send(prompt_ids) for cache in self.ideals]
         return hits[0]
 
     async def _send(self, client: httpx.AsyncClient, request: BenchRequest) -> tuple[RequestResult, str]:
-        base, engine = self._target(request)
+        base, engine, replica = self._target(request)
         path = "/chat/completions" if request.api == "chat" else "/completions"
         body = {"model": self.model, **request.body, "stream": True, "stream_options": {"include_usage": True}}
         ideal_hit = self._ideal_send(request.prompt_ids)
@@ -153,7 +157,7 @@ class Driver:
         self.progress.in_flight -= 1
         ok = error is None
         if ok:
-            output_ids = self.tokenizer.encode(text)
+            output_ids = self.codec.encode(text)
             for cache in self.ideals:
                 cache.on_complete(request.prompt_ids, output_ids)
         details = usage.get("prompt_tokens_details") or {}
@@ -168,6 +172,7 @@ class Driver:
             cached_tokens=int(details.get("cached_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens", 0)),
             ideal_hit_tokens=ideal_hit,
+            replica=replica,
         )
         self.results.append(result)
         self.progress.done += 1

@@ -46,6 +46,7 @@ def summarize(
     ideal_unbounded: float,
     time_scale: float,
     duration_real: float,
+    replicas: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     queries = sum(d.queries for d in deltas)
@@ -89,7 +90,18 @@ def summarize(
             "prompt_tokens_max_over_mean": _ratio([d.prompt_tokens for d in deltas]),
         },
         "per_engine": per_engine,
+        "per_replica": _per_replica(results, replicas) if replicas else None,
     }
+
+
+def _per_replica(results: Sequence[RequestResult], replicas: Sequence[str]) -> list[dict[str, Any]]:
+    """Requests (and errors) per router replica: how the driver's round robin spread them."""
+    requests, errors = [0] * len(replicas), [0] * len(replicas)
+    for r in results:
+        if r.replica is not None:
+            requests[r.replica] += 1
+            errors[r.replica] += 0 if r.ok else 1
+    return [{"url": u, "requests": n, "errors": e} for u, n, e in zip(replicas, requests, errors, strict=True)]
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -125,6 +137,14 @@ def markdown(report: dict[str, Any]) -> str:
         f"| {e['name']} | {e['requests']} | {e['prompt_tokens']} | {e['hit_rate']:.1%} | {e['preemptions']} |\n"
         for e in res["per_engine"]
     ]
+    if res.get("per_replica") and len(res["per_replica"]) > 1:
+        lines.append(
+            "\nRequests per router replica: "
+            + ", ".join(f"{r['url']} {r['requests']} ({r['errors']} errors)" for r in res["per_replica"])
+            + "\n"
+        )
+    if report.get("engine_calls"):
+        lines.append("\n" + engine_calls_markdown(report["engine_calls"]))
     if report.get("rss_mb"):
         rss = report["rss_mb"]
         lines.append(
@@ -184,3 +204,14 @@ def _plot(report: dict[str, Any], results: Sequence[RequestResult], path: Path) 
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def engine_calls_markdown(calls: dict[str, Any]) -> str:
+    """The engines' HTTP calls by route during the run (counted by the tap in front of them)."""
+    routed = calls["routed_requests"]
+    lines = ["| route | calls | per routed request |\n|---|---:|---:|\n"]
+    for route, count in sorted(calls["by_route"].items(), key=lambda kv: -kv[1]):
+        lines.append(
+            f"| `{route}` | {count} | {count / routed:.2f} |\n" if routed else f"| `{route}` | {count} | - |\n"
+        )
+    return "".join(lines)

@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -15,24 +15,26 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.fleet.conversations import ConversationShape, ConversationsWorkload
 from bench.fleet.driver import Driver, Progress, RequestResult
 from bench.fleet.ideal import IdealCache
 from bench.fleet.report import MD_HEADER, markdown_row, summarize, write_outputs
 from bench.fleet.scrape import reset_all, scrape_all
+from bench.fleet.tokens import HfTokenizerFiles, Texts, TokenCodec, make_codec
 from bench.fleet.trace import TraceWorkload
-from bench.fleet.workloads import MultiTurnWorkload, SharedPromptWorkload, Texts, Workload
+from bench.fleet.workloads import MultiTurnWorkload, SharedPromptWorkload, Workload
 from continuum_sim import (
     EngineConfig,
     EngineEndpoints,
     KvEventsConfig,
     SimFleet,
     TimingConfig,
-    Tokenizer,
     listener_sources,
     router_backends,
 )
 
 BUILT_IN_ROUTERS = {"direct-round-robin": "direct", "direct-prefix-hash": "prefix-hash"}
+WORKLOADS = ("shared-prompt", "multi-turn", "trace", "conversations")
 
 
 @dataclass
@@ -54,6 +56,8 @@ class FleetBenchOptions:
     in_process: bool = False
     fleet_file: str | None = None
     reset: bool = True
+    tokenizer: str = "builtin"  # builtin | hf (the engines and the workloads use the same one)
+    hf_tokenizer: HfTokenizerFiles | None = None  # the trained files, when tokenizer == "hf"
     # workloads
     requests: int | None = None
     rate: float | None = None
@@ -63,13 +67,14 @@ class FleetBenchOptions:
     output_tokens: int | None = None
     conversations: int = 64
     turns: int = 6
-    system_prompts: int = 4
-    system_tokens: int = 1000
+    system_prompts: int | None = None  # multi-turn 4; conversations 8
+    system_tokens: int | None = None  # multi-turn 1000
     user_tokens: int = 80
     think_time: float = 5.0
     trace: str | None = None
     trace_limit: int | None = None
     trace_duration: float | None = None
+    duration: float | None = None  # conversations: seconds of conversation starts (600)
     # outputs
     out_dir: str = "bench/results"
     name: str | None = None
@@ -85,9 +90,14 @@ class FleetBenchOptions:
     def label(self) -> str:
         if self.router_label:
             return self.router_label
-        return (
-            "direct-round-robin" if self.router == "direct-round-robin" else self.router.split("//", 1)[-1].rstrip("/")
-        )
+        if self.router in BUILT_IN_ROUTERS:
+            return self.router
+        return ",".join(u.split("//", 1)[-1].rstrip("/") for u in router_list(self.router))
+
+
+def router_list(router: str) -> list[str]:
+    """`--router` names one URL, or several (comma-separated) replicas of one router."""
+    return [u.strip() for u in router.split(",") if u.strip()]
 
 
 def build_workload(opts: FleetBenchOptions, texts: Texts) -> Workload:
@@ -99,7 +109,7 @@ def build_workload(opts: FleetBenchOptions, texts: Texts) -> Workload:
     if opts.workload == "multi-turn":
         return MultiTurnWorkload(
             texts, conversations=opts.conversations, turns=opts.turns, rate=opts.rate or 1.0,
-            system_prompts=opts.system_prompts, system_tokens=opts.system_tokens, user_tokens=opts.user_tokens,
+            system_prompts=opts.system_prompts or 4, system_tokens=opts.system_tokens or 1000, user_tokens=opts.user_tokens,
             output_tokens=opts.output_tokens or 120, think_time=opts.think_time, seed=opts.seed,
         )  # fmt: skip
     if opts.workload == "trace":
@@ -107,16 +117,36 @@ def build_workload(opts: FleetBenchOptions, texts: Texts) -> Workload:
         if opts.trace:
             kwargs["path"] = opts.trace
         return TraceWorkload(texts, max_model_len=opts.max_model_len, **kwargs)
-    raise ValueError(f"unknown workload {opts.workload!r}")
+    if opts.workload == "conversations":
+        shape = ConversationShape()
+        if opts.rate:
+            shape = replace(shape, rate=opts.rate)
+        if opts.system_prompts:
+            shape = replace(shape, system_prompts=opts.system_prompts)
+        return ConversationsWorkload(
+            texts, duration=opts.duration or 600.0, seed=opts.seed, max_model_len=opts.max_model_len, shape=shape
+        )
+    raise ValueError(f"unknown workload {opts.workload!r}; choose one of {', '.join(WORKLOADS)}")
+
+
+def codec_for(opts: FleetBenchOptions) -> TokenCodec:
+    return make_codec(opts.tokenizer, opts.hf_tokenizer)
 
 
 def engine_configs(opts: FleetBenchOptions) -> list[EngineConfig]:
+    extra: dict[str, Any] = {}
+    if opts.tokenizer == "hf":
+        if opts.hf_tokenizer is None:
+            raise ValueError("--tokenizer hf needs the trained tokenizer files")
+        # EngineConfig's tokenizer / chat_template: the engine tokenizes with these files.
+        extra = {"tokenizer": str(opts.hf_tokenizer.tokenizer), "chat_template": str(opts.hf_tokenizer.chat_template)}
     base = EngineConfig(
         num_gpu_blocks=opts.num_gpu_blocks,
         block_size=opts.block_size,
         max_num_seqs=opts.max_num_seqs,
         max_model_len=opts.max_model_len,
         timing=TimingConfig(time_scale=opts.time_scale),
+        **extra,
     )
     configs = []
     for i in range(opts.engines):
@@ -203,9 +233,13 @@ def router_base(router: str) -> str:
     return base if base.endswith("/v1") else base + "/v1"
 
 
-async def run_fleet_bench(opts: FleetBenchOptions) -> tuple[dict[str, Any], list[RequestResult]]:
-    tokenizer = Tokenizer()
-    workload = build_workload(opts, Texts(tokenizer))
+async def run_fleet_bench(
+    opts: FleetBenchOptions, *, before_run: Callable[[], None] | None = None
+) -> tuple[dict[str, Any], list[RequestResult]]:
+    """One run; `before_run` is called right before the first request is sent (after the
+    router answered its readiness probe and the engines' caches were reset)."""
+    codec = codec_for(opts)
+    workload = build_workload(opts, Texts(codec))
     async with open_fleet(opts) as (endpoints, pid):
         if opts.write_backends:
             _write_text(opts.write_backends, yaml.safe_dump(backends_document(endpoints), sort_keys=False))
@@ -213,15 +247,17 @@ async def run_fleet_bench(opts: FleetBenchOptions) -> tuple[dict[str, Any], list
             print(yaml.safe_dump(backends_document(endpoints), sort_keys=False), flush=True)
         mode = BUILT_IN_ROUTERS.get(opts.router, "url")
         direct = mode != "url"
-        targets = [e.openai_base_url for e in endpoints] if direct else [router_base(opts.router)]
+        targets = (
+            [e.openai_base_url for e in endpoints] if direct else [router_base(u) for u in router_list(opts.router)]
+        )
         if not direct:
-            await wait_for_router(targets[0], opts.wait_for_router)
+            await asyncio.gather(*(wait_for_router(t, opts.wait_for_router) for t in targets))
         urls = [e.url for e in endpoints]
         capacity = sum(e.num_gpu_blocks - 1 for e in endpoints)
         ideal, unbounded = IdealCache(capacity, endpoints[0].block_size), IdealCache(None, endpoints[0].block_size)
         driver = Driver(
             targets, mode=mode, model=endpoints[0].model, time_scale=opts.time_scale,
-            ideals=[ideal, unbounded], tokenizer=tokenizer, request_timeout=opts.request_timeout,
+            ideals=[ideal, unbounded], codec=codec, request_timeout=opts.request_timeout,
             progress=Progress(workload.total_requests, enabled=opts.progress),
         )  # fmt: skip
         sampler = RssSampler(pid)
@@ -230,6 +266,8 @@ async def run_fleet_bench(opts: FleetBenchOptions) -> tuple[dict[str, Any], list
                 await reset_all(http, urls)
             before = await scrape_all(http, urls)
             sampling = asyncio.create_task(sampler.run())
+            if before_run is not None:
+                before_run()
             start = time.monotonic()
             try:
                 results = await driver.run(workload)
@@ -242,7 +280,7 @@ async def run_fleet_bench(opts: FleetBenchOptions) -> tuple[dict[str, Any], list
     deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
     summary = summarize(
         results, deltas, [e.name for e in endpoints], ideal=ideal.hit_rate, ideal_unbounded=unbounded.hit_rate,
-        time_scale=opts.time_scale, duration_real=duration,
+        time_scale=opts.time_scale, duration_real=duration, replicas=None if direct else targets,
     )  # fmt: skip
     e0 = endpoints[0]
     report = {
@@ -256,6 +294,8 @@ async def run_fleet_bench(opts: FleetBenchOptions) -> tuple[dict[str, Any], list
             "block_size": e0.block_size,
             "kv_capacity_tokens_per_engine": e0.kv_capacity_tokens,
             "max_num_seqs": opts.max_num_seqs,
+            "max_model_len": opts.max_model_len,
+            "tokenizer": opts.tokenizer,
         },
         "workload": workload.describe(),
         "results": summary,

@@ -7,7 +7,8 @@ that share leading ids share a prefix.
 
 Replay turns each line into a `/v1/completions` request whose prompt is real text: block id `h`
 is 512 tokens of deterministic English drawn with seed `h` (the last block is cut to make
-`input_length` exact), so equal hash_ids give equal text and equal token ids on the engine.
+`input_length` exact; exact with the builtin tokenizer, to a token or two with a Hugging Face
+one), so equal hash_ids give equal text and equal token ids on the engine.
 Requests start at `timestamp` (time-scaled by the driver); they are independent of each other.
 """
 
@@ -37,17 +38,24 @@ class TraceLine:
     output_length: int
     hash_ids: tuple[int, ...]
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "timestamp": self.timestamp_ms, "input_length": self.input_length,
+            "output_length": self.output_length, "hash_ids": list(self.hash_ids),
+        }  # fmt: skip
+
 
 def load_trace(path: str | Path, *, limit: int | None = None, duration_s: float | None = None) -> list[TraceLine]:
+    """Read a Mooncake JSONL trace (ValueError naming the line on a malformed one)."""
     lines: list[TraceLine] = []
-    with open(path) as fh:
-        for raw in fh:
+    with open(path, encoding="utf-8") as fh:
+        for number, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue
-            item = json.loads(raw)
-            line = TraceLine(
-                int(item["timestamp"]), int(item["input_length"]), int(item["output_length"]), tuple(item["hash_ids"])
-            )
+            try:
+                line = _parse_line(json.loads(raw))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: not a Mooncake trace line ({type(exc).__name__}: {exc})") from exc
             if duration_s is not None and line.timestamp_ms > duration_s * 1000:
                 break
             lines.append(line)
@@ -56,32 +64,53 @@ def load_trace(path: str | Path, *, limit: int | None = None, duration_s: float 
     return lines
 
 
+def _parse_line(item: Any) -> TraceLine:
+    hash_ids = tuple(int(h) for h in item["hash_ids"])
+    line = TraceLine(int(item["timestamp"]), int(item["input_length"]), int(item["output_length"]), hash_ids)
+    if line.input_length < 1 or line.output_length < 0 or not hash_ids:
+        raise ValueError("input_length must be >= 1, output_length >= 0 and hash_ids non-empty")
+    return line
+
+
+def write_trace(path: Path, lines: Sequence[TraceLine]) -> None:
+    """Mooncake JSONL, one request per line (what `load_trace` reads back)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for line in lines:
+            fh.write(json.dumps(line.to_json(), separators=(",", ":")) + "\n")
+
+
 class BlockTexts:
-    """Token ids of trace blocks by hash id (bounded LRU: a long trace must not grow memory)."""
+    """Text (and, with an exact codec, token ids) of trace blocks by hash id (bounded LRU: a
+    long trace must not grow memory)."""
 
     def __init__(self, texts: Texts, capacity: int = 2048) -> None:
         self.texts = texts
         self.capacity = capacity
-        self._cache: OrderedDict[int, list[int]] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[str, list[int]]] = OrderedDict()
 
-    def block(self, hash_id: int) -> list[int]:
-        ids = self._cache.get(hash_id)
-        if ids is None:
-            ids = self.texts.ids(TRACE_BLOCK, random.Random(hash_id), leading_space=True)
-            self._cache[hash_id] = ids
+    def block(self, hash_id: int) -> tuple[str, list[int]]:
+        entry = self._cache.get(hash_id)
+        if entry is None:
+            text = self.texts.text(TRACE_BLOCK, random.Random(hash_id), leading_space=True)
+            entry = (text, self.texts.codec.encode(text) if self.texts.codec.exact else [])
+            self._cache[hash_id] = entry
             if len(self._cache) > self.capacity:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(hash_id)
-        return ids
+        return entry
 
-    def prompt(self, hash_ids: Sequence[int], input_length: int) -> list[int]:
-        out: list[int] = []
-        for hash_id in hash_ids:
-            out += self.block(hash_id)
-            if len(out) >= input_length:
-                break
-        return out[: max(input_length, 1)]
+    def prompt(self, hash_ids: Sequence[int], input_length: int) -> tuple[str, list[int]]:
+        """The prompt text of `input_length` tokens made of these blocks, and its token ids."""
+        codec = self.texts.codec
+        need = max(1, -(-input_length // TRACE_BLOCK))
+        blocks = [self.block(h) for h in hash_ids[:need]]
+        if codec.exact:
+            ids = [token for _, block_ids in blocks for token in block_ids][: max(input_length, 1)]
+            return codec.decode(ids), ids
+        text = self.texts.cut("".join(t for t, _ in blocks), max(input_length, 1))
+        return text, codec.encode(text)
 
 
 @dataclass
@@ -100,9 +129,8 @@ class _TraceSession:
             return None
         self.done = True
         out = max(1, self.line.output_length)
-        ids = self.blocks.prompt(self.line.hash_ids, min(self.line.input_length, self.max_model_len - out))
-        body = {"prompt": self.blocks.texts.tokenizer.decode(ids), "max_tokens": out}
-        return BenchRequest("completions", body, ids, out)
+        text, ids = self.blocks.prompt(self.line.hash_ids, min(self.line.input_length, self.max_model_len - out))
+        return BenchRequest("completions", {"prompt": text, "max_tokens": out}, ids, out)
 
     def think_time(self) -> float:
         return 0.0

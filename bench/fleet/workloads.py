@@ -3,13 +3,14 @@
 A workload yields `Session`s, each with a start time in simulated seconds; a session produces
 its requests one after another (`next_request(previous_answer)`), so a multi-turn chat can send
 the real answer of turn k back in turn k+1. Every request also carries the engine's token ids of
-its prompt (same tokenizer and ChatML template as the simulator), for the ideal hit rate.
+its prompt (the engines' tokenizer and chat template, bench/fleet/tokens.py), for the ideal hit rate.
 
 * `SharedPromptWorkload` (document QA): a few long documents as system prompts, Zipf-popular,
   many users each asking one short question; Poisson arrivals.
 * `MultiTurnWorkload`: conversations over a handful of shared system prompts, each growing turn
   by turn with the previous answers; conversation starts are Poisson, think time exponential.
 * `TraceWorkload` (bench/fleet/trace.py): Mooncake JSONL replay at the trace's timestamps.
+* `ConversationsWorkload` (bench/fleet/conversations.py): production-shaped multi-turn chat.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from continuum_sim.protocol.chat_template import ChatMessage, render
-from continuum_sim.protocol.generation import TextGenerator
-from continuum_sim.protocol.tokenizer import Tokenizer
+from bench.fleet.tokens import Texts
+from continuum_sim.protocol.chat_template import ChatMessage
 
 Api = Literal["chat", "completions"]
+
+__all__ = ["Api", "BenchRequest", "MultiTurnWorkload", "Session", "SharedPromptWorkload", "Texts", "Workload"]
 
 
 @dataclass
@@ -51,23 +53,6 @@ class Workload(Protocol):
 
     @property
     def total_requests(self) -> int: ...
-
-
-class Texts:
-    """Deterministic English-like text of an exact token count (shared by the workloads)."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.generator = TextGenerator(tokenizer)
-
-    def ids(self, count: int, rng: random.Random, *, leading_space: bool = False) -> list[int]:
-        return self.generator.tokens(count, rng, leading_space=leading_space)
-
-    def text(self, count: int, rng: random.Random) -> str:
-        return self.tokenizer.decode(self.ids(count, rng))
-
-    def chat_ids(self, messages: list[ChatMessage]) -> list[int]:
-        return self.tokenizer.encode(render(messages))
 
 
 def _chat_request(texts: Texts, messages: list[ChatMessage], max_tokens: int) -> BenchRequest:

@@ -58,14 +58,15 @@ async def test_up_demo_routes_by_the_kv_index(tmp_path: Path) -> None:
     async with running_up(tmp_path, config_path=None, demo=True) as url, httpx.AsyncClient(timeout=30) as http:
         state = tmp_path / ".continuum"
         written = yaml.safe_load((state / "demo-config.yaml").read_text())
-        assert written["kv_cache_index"]["enabled"] and written["kv_cache_index"]["salt_echo"]["enabled"]
-        assert (state / "salt-secret").stat().st_mode & 0o777 == 0o600
+        kv = written["kv_cache_index"]
+        assert kv["enabled"] and kv["groups"][0]["mode"] == "precise" and kv["groups"][0]["hash_seed"] == "0"
+        assert (state / "admin-token").stat().st_mode & 0o777 == 0o600
         listener = yaml.safe_load((state / "demo-listener.yaml").read_text())
-        assert len(listener["sources"]) == 3 and listener["salt"]["secret_file"].endswith("salt-secret")
+        assert len(listener["sources"]) == 3 and all(s["publish"] == "blocks" for s in listener["sources"])
         body = chat("You are the demo assistant. " + words("demo", 40), "hello")
         body["model"] = "continuum-sim-8b"
-        # A speculative entry may already route the second request; the engine's own event
-        # (salt echo -> listener -> JetStream -> embedded index) keeps routing it afterwards.
+        # A speculative entry may already route the second request; the engine's own block
+        # events (listener -> JetStream -> embedded block index) keep routing it afterwards.
         await until_kv_aware(http, url, body)
         token = (state / "admin-token").read_text().strip()
         stats = (await http.get(url + "/admin/kv-index/stats", headers={"authorization": f"Bearer {token}"})).json()
@@ -76,7 +77,13 @@ async def test_up_demo_routes_by_the_kv_index(tmp_path: Path) -> None:
                 stats = (
                     await http.get(url + "/admin/kv-index/stats", headers={"authorization": f"Bearer {token}"})
                 ).json()
-        assert stats["index"]["prefix_count"] >= 1
+        async with asyncio.timeout(10):  # the engine's block events reach the embedded index
+            while not (stats["blocks"] or {}).get("block_count"):
+                await asyncio.sleep(0.3)
+                stats = (
+                    await http.get(url + "/admin/kv-index/stats", headers={"authorization": f"Bearer {token}"})
+                ).json()
+        assert stats["config"]["groups"] == {"demo": "precise", "*": "approximate"}
 
 
 async def test_up_with_a_redis_index_runs_listener_and_indexer(tmp_path: Path, redis_server: RedisServer) -> None:
@@ -87,13 +94,20 @@ async def test_up_with_a_redis_index_runs_listener_and_indexer(tmp_path: Path, r
             "prefix_routing": {"enabled": True},
             "bus": {"embedded": True, "data_dir": str(tmp_path / "nats")},
             "redis": {"url": redis_server.url},
-            "kv_cache_index": {"enabled": True, "backend": "redis", "speculative_ttl_ms": 0},
+            # precise matching without speculative entries: a KV-aware decision needs the engine's
+            # block events to have gone listener -> JetStream -> indexer -> Redis
+            "kv_cache_index": {
+                "enabled": True,
+                "backend": "redis",
+                "speculative_ttl_ms": 0,
+                "groups": [{"name": "sims", "models": [fleet.endpoints[0].model], "mode": "precise", "hash_seed": "0"}],
+            },
             "backends": fleet.router_backends(),
         }
         listener = {
             "listen": "127.0.0.1:0",
             "bus": {"url": "nats://127.0.0.1:1"},  # replaced by the embedded server's URL
-            "sources": [{**s, "prefix_key_mode": "detokenize"} for s in fleet.listener_sources()],
+            "sources": [{**s, "publish": "blocks"} for s in fleet.listener_sources()],
         }
         (tmp_path / "router.yaml").write_text(yaml.safe_dump(config))
         (tmp_path / "listener.yaml").write_text(yaml.safe_dump(listener))

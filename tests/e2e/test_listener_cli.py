@@ -37,7 +37,7 @@ async def test_console_script_end_to_end(tmp_path: Path, nats_server: NatsServer
         "salt": {"secret_file": str(secret_file)},
         "limits": {"coalesce_window_ms": 20},
         "sources": [{"backend_name": "vllm-e2e", "engine": "vllm", "zmq_endpoint": f"tcp://127.0.0.1:{zmq_port}",
-                     "topic": "kv-events", "prefix_key_mode": "salt_echo"}],
+                     "topic": "kv-events", "prefix_key_mode": "salt_echo", "publish": "prefix"}],
     }  # fmt: skip
     path = tmp_path / "config.kv-listener.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -99,7 +99,7 @@ async def test_console_script_end_to_end(tmp_path: Path, nats_server: NatsServer
 
 async def test_console_script_reports_config_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"sources": [{"backend_name": "t", "engine": "trtllm",
+    path.write_text(yaml.safe_dump({"sources": [{"backend_name": "t", "engine": "trtllm", "publish": "prefix",
                                                  "trtllm_endpoint": "http://10.0.0.1:8000/kv_cache_events",
                                                  "allowed_publishers": ["10.0.0.1"]}]}))  # fmt: skip
     proc = await asyncio.create_subprocess_exec(script(), "--config", str(path), stderr=asyncio.subprocess.PIPE)
@@ -117,6 +117,7 @@ async def test_console_script_reports_a_taken_bind_endpoint(tmp_path: Path) -> N
         "listen": f"127.0.0.1:{free_port()}",
         "sources": [{"backend_name": "v", "engine": "vllm", "zmq_endpoint": f"tcp://127.0.0.1:{port}",
                      "zmq_mode": "bind", "allowed_publishers": ["127.0.0.1"], "prefix_key_mode": "detokenize",
+                     "publish": "prefix",
                      "detokenize_endpoint": "http://127.0.0.1:9/detokenize", "model": "m"}],
     }))  # fmt: skip
     try:

@@ -49,6 +49,7 @@ async def stack(nats_url: str, mode: str, monkeypatch: Any) -> AsyncIterator[tup
         sources = fleet.listener_sources()
         for source in sources:
             source["prefix_key_mode"] = mode
+            source["publish"] = "prefix"
             if mode == "salt_echo":
                 source.pop("detokenize_endpoint", None)
         cfg = ListenerConfig.model_validate(
@@ -181,7 +182,7 @@ async def test_engine_dials_a_binding_listener(nats_server: NatsServer, monkeypa
     async with SimFleet(configs=[config], time_scale=0.001) as fleet:
         (source,) = fleet.listener_sources()
         assert source["zmq_mode"] == "bind"
-        source.update(prefix_key_mode="salt_echo", allowed_publishers=["127.0.0.1"])
+        source.update(prefix_key_mode="salt_echo", allowed_publishers=["127.0.0.1"], publish="prefix")
         source.pop("detokenize_endpoint", None)
         cfg = ListenerConfig.model_validate(
             {"listen": "127.0.0.1:0", "bus": {"embedded": False, "url": nats_server.url},

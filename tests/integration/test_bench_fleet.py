@@ -32,10 +32,11 @@ TINY = {
         "0.2",
     ],
     "trace": ["--requests", "8", "--output-tokens", "8"],
+    "conversations": ["--duration", "40", "--rate", "1", "--max-model-len", "16384"],
 }
 
 
-@pytest.mark.parametrize("workload", ["shared-prompt", "multi-turn", "trace"])
+@pytest.mark.parametrize("workload", ["shared-prompt", "multi-turn", "trace", "conversations"])
 def test_bench_fleet_direct_round_robin(workload: str, tmp_path: Path) -> None:
     argv = [
         "bench", "fleet", "--workload", workload, "--engines", "2", "--in-process", "--time-scale", "0.01",
@@ -49,8 +50,10 @@ def test_bench_fleet_direct_round_robin(workload: str, tmp_path: Path) -> None:
     assert res["imbalance"]["requests_max_over_mean"] <= 1.2, "round robin spreads requests evenly"
     assert 0.0 < res["ideal_hit_rate"] <= res["ideal_hit_rate_unbounded"] <= 1.0
     assert abs(res["hit_rate"] - res["client_hit_rate"]) < 1e-9, "engine /metrics agree with the usage chunks"
-    if workload != "trace":
+    if workload in ("shared-prompt", "multi-turn"):
         assert res["hit_rate"] > 0.3, "shared system prompts are reused"
+    if workload == "conversations":
+        assert report["workload"]["conversations"] >= 20 and res["hit_rate"] > 0.02, "system prompts are reused"
     for key in ("p50", "p90", "p99"):
         assert res["ttft_s"][key] is not None and res["ttft_s"][key] > 0
     assert res["ttft_s"]["p50"] <= res["e2e_s"]["p50"]

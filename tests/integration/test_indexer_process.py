@@ -16,11 +16,13 @@ import orjson
 import yaml
 
 from continuum_common.procs import NatsServer, RedisServer, free_port
+from continuum_common.wire.kv import AllCleared, BlocksRemoved, BlocksStored
 from continuum_indexer.app import IndexerApp
 from tests.indexer_harness import (
     consumer_state,
     ensure_stream,
     publish,
+    publish_batches,
     router_config,
     running,
     settings,
@@ -28,7 +30,10 @@ from tests.indexer_harness import (
     wait_drained,
 )
 from tests.integration.test_indexer_consumer import PREFIXES, expected, reader
+from tests.kvindex_block_model import batch, universe
 from tests.kvindex_streams import make_stream
+
+BLOCKS = universe(16)
 
 
 def write_config(path: Path, nats_url: str, redis_url: str, **kv: object) -> Path:
@@ -117,9 +122,16 @@ async def test_admin_health_and_metrics(nats_server: NatsServer, redis_server: R
     config = router_config(nats_server.url, redis_server.url)
     port = free_port()
     app = IndexerApp(settings(config, listen=("127.0.0.1", port)))
+    blocks = [
+        batch("a", 1, AllCleared(), BlocksStored(BLOCKS[:6]), epoch=3),
+        batch("a", 2, BlocksRemoved(BLOCKS[:1]), epoch=3),
+    ]
     async with running(app):
         await publish(nats_server.url, events, dedupe=True)
+        await publish_batches(nats_server.url, blocks, dedupe=True)
         await wait_drained(nats_server.url)
+        assert app.feeds is not None
+        await app.feeds.maintain_once()  # the block snapshot /healthz shows
         nc = await nats.connect(nats_server.url)
         try:
             stats = orjson.loads((await nc.request("continuum.indexer.admin.stats", b"", timeout=5)).data)
@@ -146,9 +158,23 @@ async def test_admin_health_and_metrics(nats_server: NatsServer, redis_server: R
     assert {b: by_name[b]["events"]["received"] for b in ("a", "b")} == sent
     assert by_name["a"]["events"]["index_created"] > 0
     assert unknown["success"] is False and unknown["error"]["type"] == "unknown_verb"
-    assert cleared == {"success": True, "entries_before_clear": before, "cleared_entries": cleared["cleared_entries"]}
+    assert cleared == {
+        "success": True,
+        "entries_before_clear": before,
+        "cleared_entries": cleared["cleared_entries"],
+        "cleared_blocks": 5,
+    }
     assert cleared["cleared_entries"] > 0 and not any(after.values())
+    row = stats["blocks"]["backends"]["a"]
+    assert stats["blocks"]["block_count"] == 5 and set(stats["blocks"]["backends"]) == {"a"}
+    assert (row["gpu_blocks"], row["storage_blocks"], row["source_epoch"], row["batches"]) == (5, 0, 3, 2)
+    assert (row["applied"], row["stale"], row["clears"]) == (7, 0, 1) and row["generation"] > 0
+    assert 0 <= row["last_batch_age_s"] < 30
     assert health.status_code == 200 and health.json()["consumer_bound"] is True
+    assert health.json()["blocks"]["backends"]["a"]["gpu_blocks"] == 5
+    assert 'continuum_kv_block_events_received_total{backend="a"} 7.0' in metrics
+    assert 'continuum_kv_block_events_applied_total{result="applied"} 7.0' in metrics
+    assert 'continuum_kv_block_index_blocks{tier="gpu"} 5.0' in metrics
     assert "continuum_kv_events_received_total" in metrics
     assert 'continuum_kv_consumer_connected{backend="event_bus"} 1.0' in metrics
     assert "continuum_kv_index_apply_seconds_bucket" in metrics

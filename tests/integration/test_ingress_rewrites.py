@@ -33,7 +33,10 @@ async def test_salt_echo_goes_to_vllm_and_trtllm_only(monkeypatch: pytest.Monkey
         cfg = {
             "backends": backends,
             "prefix_routing": {"enabled": True},
-            "kv_cache_index": {"salt_echo": {"enabled": True, "secret_env": "CONTINUUM_TEST_SALT"}},
+            "kv_cache_index": {
+                "salt_echo": {"enabled": True, "secret_env": "CONTINUUM_TEST_SALT"},
+                "default_mode": "prefix_key",
+            },
         }
         async with running_ingress(cfg) as ing, httpx.AsyncClient(base_url=ing.url, verify=False) as c:
             for _ in range(3):  # RoundRobin: one each

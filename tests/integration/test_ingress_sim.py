@@ -115,7 +115,10 @@ async def test_salt_echo_reaches_the_engine_and_keeps_cache_hits(
     cfg = _config(
         fleet,
         "PrefixAwareHash",
-        kv_cache_index={"salt_echo": {"enabled": True, "secret_env": "CONTINUUM_TEST_SALT"}},
+        kv_cache_index={
+            "salt_echo": {"enabled": True, "secret_env": "CONTINUUM_TEST_SALT"},
+            "default_mode": "prefix_key",
+        },
     )
     async with running_ingress(cfg) as ing:
         oc = openai.AsyncOpenAI(api_key="unused", base_url=f"{ing.url}/v1", max_retries=0)

@@ -56,7 +56,14 @@ def config(
         "prefix_routing": {"enabled": True},
         "bus": {"embedded": False, "url": nats_url, "request_timeout_ms": 500},
         "admin": {"token_env": "CONTINUUM_KV_TEST_ADMIN"},
-        "kv_cache_index": {"enabled": True, "backend": "redis" if redis_url else "memory", **kv},
+        # the seed's scorer on the prefix-key index (the default is block matching and the cost model)
+        "kv_cache_index": {
+            "enabled": True,
+            "backend": "redis" if redis_url else "memory",
+            "default_mode": "prefix_key",
+            "scoring": {"model": "seed"},
+            **kv,
+        },
     }
     if redis_url:
         data["redis"] = {"url": redis_url, "command_timeout_ms": 300, "connect_timeout_ms": 300}
@@ -131,12 +138,14 @@ async def test_admin_endpoints_with_the_embedded_memory_index(nats_server: NatsS
         assert (await c.get("/admin/kv-index/stats")).status_code == 401
         stats = (await c.get("/admin/kv-index/stats", headers=AUTH)).json()
         assert stats["enabled"] is True and stats["config"]["backend"] == "memory"
-        assert stats["config"]["scoring"] == {
-            "overlap_weight": 0.6, "load_weight": 0.3, "health_weight": 0.1, "min_overlap_threshold": 0.3,
-            "gpu_tier_weight": 1.0, "storage_tier_weight": 0.6,
+        scoring = stats["config"]["scoring"]
+        assert {k: v for k, v in scoring.items() if k != "cost"} == {
+            "model": "seed", "overlap_weight": 0.6, "load_weight": 0.3, "health_weight": 0.1,
+            "min_overlap_threshold": 0.3, "gpu_tier_weight": 1.0, "storage_tier_weight": 0.6,
         }  # fmt: skip
+        assert scoring["cost"]["affinity_threshold"] == 0.3 and stats["config"]["default_mode"] == "prefix_key"
         assert stats["index"] == {"prefix_count": 2, "entry_count": 3, "total_hits": 1, "total_evictions": 0}
-        assert stats["routing_decisions"] == {"kv_aware": 2, "fallback": 1, "total": 3}
+        assert stats["routing_decisions"] == {"kv_aware": 2, "placed": 0, "fallback": 1, "total": 3}
         assert stats["overlap_score_count"] == 2 and stats["query_latency_count"] >= 2
         assert stats["index_source"] == "embedded"
         by_reporter = {(s["reporter"], s["backend_name"]): s for s in stats["event_sources"]}
@@ -278,7 +287,7 @@ async def test_the_redis_index_shares_the_process_redis_client_and_follows_a_swa
                 before = ing.app.redis.client
                 ing.app.redis.reload(router_config({**cfg, "redis": {**cfg["redis"], "pool_size": 4}}))
                 assert ing.app.redis.client is not before
-                assert kv.redis_index._redis is ing.app.redis.client and kv.scorer.index is kv.redis_index
+                assert kv.redis_index._redis is ing.app.redis.client and kv.prefix_scorer.index is kv.redis_index
                 await asyncio.sleep(0.15)  # past the scorer's cache: the next read uses the new client
                 assert [await served_by(c, "prompt one") for _ in range(2)] == ["b", "b"]
         finally:

@@ -37,7 +37,7 @@ def listener_config(nats_url: str, zmq_port: int, **limits: Any) -> ListenerConf
                     "stream": {"duplicate_window": "30s", "max_age": "10m"}},
             "salt": {"secret_env": "CONTINUUM_TEST_SALT"},
             "limits": {"coalesce_window_ms": 0, **limits},
-            "sources": [{"backend_name": "b", "engine": "vllm", "zmq_endpoint": f"tcp://127.0.0.1:{zmq_port}",
+            "sources": [{"backend_name": "b", "engine": "vllm", "publish": "prefix", "zmq_endpoint": f"tcp://127.0.0.1:{zmq_port}",
                          "topic": "kv-events", "prefix_key_mode": "salt_echo"}],
         }
     )  # fmt: skip

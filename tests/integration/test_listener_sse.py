@@ -39,7 +39,7 @@ async def stack(monkeypatch: Any) -> AsyncIterator[tuple[ListenerApp, EnginePubl
             "listen": "127.0.0.1:0",
             "salt": {"secret_env": "CONTINUUM_SSE_SALT"},
             "limits": {"coalesce_window_ms": 0, "sse_history": 50},
-            "sources": [{"backend_name": "b", "engine": "vllm", "zmq_endpoint": f"tcp://127.0.0.1:{port}",
+            "sources": [{"backend_name": "b", "engine": "vllm", "publish": "prefix", "zmq_endpoint": f"tcp://127.0.0.1:{port}",
                          "topic": "kv-events", "prefix_key_mode": "salt_echo"}],
         }
     )  # fmt: skip

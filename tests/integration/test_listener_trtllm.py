@@ -79,6 +79,7 @@ async def rig(server: TrtllmServer, url: str | None = None) -> AsyncIterator[tup
     source = ListenerSource(
         backend_name="trt",
         engine="trtllm",
+        publish="prefix",
         trtllm_endpoint=url or f"{server.url}/kv_cache_events",
         allowed_publishers=["127.0.0.1"],
         prefix_key_mode="salt_echo",

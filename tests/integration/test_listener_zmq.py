@@ -108,6 +108,7 @@ async def rig(
     source_cfg = ListenerSource(
         backend_name="b",
         engine="vllm",
+        publish="prefix",
         model=MODEL,
         zmq_endpoint=endpoint,
         zmq_mode="bind" if bind else "connect",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bench.fleet.ideal import IdealCache
+from bench.fleet.tokens import BuiltinCodec, Texts
 from bench.fleet.trace import TRACE_BLOCK, BlockTexts, synthesize
-from bench.fleet.workloads import Texts
 from continuum_sim.protocol.tokenizer import Tokenizer
 
 
@@ -28,15 +28,15 @@ def test_ideal_capacity_evicts_least_recently_used_tail_first() -> None:
 
 def test_trace_prompts_have_exact_lengths_and_shared_blocks() -> None:
     tok = Tokenizer()
-    blocks = BlockTexts(Texts(tok))
-    a = blocks.prompt([1, 2, 3], 2 * TRACE_BLOCK + 100)
-    b = blocks.prompt([1, 2, 7], 3 * TRACE_BLOCK)
+    blocks = BlockTexts(Texts(BuiltinCodec(tok)))
+    text_a, a = blocks.prompt([1, 2, 3], 2 * TRACE_BLOCK + 100)
+    _, b = blocks.prompt([1, 2, 7], 3 * TRACE_BLOCK)
     assert len(a) == 2 * TRACE_BLOCK + 100 and len(b) == 3 * TRACE_BLOCK
     assert (
         a[: 2 * TRACE_BLOCK] == b[: 2 * TRACE_BLOCK]
         and a[2 * TRACE_BLOCK :] != b[2 * TRACE_BLOCK : 2 * TRACE_BLOCK + 100]
     )
-    assert tok.encode(tok.decode(a)) == a, "the engine tokenizes the replayed text back to the same ids"
+    assert tok.encode(text_a) == a, "the engine tokenizes the replayed text back to the same ids"
 
 
 def test_synthetic_trace_shape() -> None:

@@ -181,16 +181,55 @@ def test_bad_durations(bad: object) -> None:
 def test_seed_warnings() -> None:
     cfg = parse(RouterConfig, {"selection_strategy": "PrefixAwareHash"})
     assert [w.split(":")[0] for w in router_warnings(cfg)] == ["selection_strategy"]
+    seed = {"model": "seed", "gpu_tier_weight": 0.2}
     cfg = parse(
-        RouterConfig,
-        {"prefix_routing": {"enabled": True}, "kv_cache_index": {"enabled": True, "scoring": {"gpu_tier_weight": 0.2}}},
+        RouterConfig, {"prefix_routing": {"enabled": True}, "kv_cache_index": {"enabled": True, "scoring": seed}}
     )
     assert [w.split(":")[0] for w in router_warnings(cfg)] == ["kv_cache_index.scoring.gpu_tier_weight"]
+    # The tier weights belong to the seed formula: the cost model does not use them.
+    cost = {"gpu_tier_weight": 0.2}
+    cfg = parse(
+        RouterConfig, {"prefix_routing": {"enabled": True}, "kv_cache_index": {"enabled": True, "scoring": cost}}
+    )
+    assert router_warnings(cfg) == []
     # Only when both prefix routing and the index are on.
     cfg = parse(
         RouterConfig, {"prefix_routing": {"enabled": True}, "kv_cache_index": {"scoring": {"gpu_tier_weight": 0.2}}}
     )
     assert router_warnings(cfg) == []
+
+
+def test_match_groups() -> None:
+    backends = [
+        {"name": "v1", "url": "http://10.0.0.1:8000", "type": "vllm", "models": ["llama"]},
+        {"name": "v2", "url": "http://10.0.0.2:8000", "type": "vllm", "models": ["llama"]},
+        {"name": "a1", "url": "https://api.anthropic.com", "type": "anthropic", "models": ["claude"]},
+    ]
+    group = {"name": "llama", "models": ["llama"], "mode": "precise", "hash_seed": "0"}
+    cfg = parse(RouterConfig, {"backends": backends, "kv_cache_index": {"enabled": True, "groups": [group]}})
+    assert cfg.match_group_of("v2") is cfg.kv_cache_index.groups[0]
+    assert cfg.match_group_of("a1") is None  # the default mode applies
+    assert cfg.kv_cache_index.scoring.model == "cost" and cfg.kv_cache_index.default_mode == "approximate"
+    assert parse(RouterConfig, {"kv_cache_index": {"scoring": "seed"}}).kv_cache_index.scoring.model == "seed"
+    # every member must exist, a backend belongs to one group, vLLM precise needs the seed
+    bad = [
+        {**group, "backends": ["nope"]},
+        {"name": "other", "backends": ["v1"], "mode": "approximate"},
+    ]
+    with pytest.raises(ConfigError) as err:
+        parse(RouterConfig, {"backends": backends, "kv_cache_index": {"groups": bad}})
+    text = str(err.value)
+    assert "kv_cache_index.groups.0.backends" in text and "already in group 'llama'" in text
+    with pytest.raises(ConfigError, match="hash_seed"):
+        parse(RouterConfig, {"kv_cache_index": {"groups": [{"name": "g", "models": ["x"], "mode": "precise"}]}})
+    # warnings: a precise group over a hosted API, a group with no member
+    odd = [{"name": "c", "backends": ["a1"], "mode": "precise", "hash_seed": "0"}, {"name": "e", "models": ["none"]}]
+    cfg = parse(RouterConfig, {"backends": backends, "kv_cache_index": {"enabled": True, "groups": odd}})
+    assert [w.split(":")[0] for w in router_warnings(cfg)] == [
+        "kv_cache_index.enabled",  # prefix routing is off in this file
+        "kv_cache_index.groups.0.mode",
+        "kv_cache_index.groups.1",
+    ]
 
 
 def test_listener_config_rules() -> None:

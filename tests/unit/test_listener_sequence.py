@@ -126,15 +126,14 @@ def test_trace_headers_with_and_without_tracing() -> None:
     from continuum_common.tracing import Tracing
     from continuum_listener.adapters.publisher import trace_headers
 
-    seq = EventSequencer("b")
-    seq.new_epoch()
-    event = seq.make(EventType.CLEARED, None, Tier.GPU_HOT, 0)
-    plain = trace_headers(event, None)["traceparent"].split("-")
+    attributes: dict[str, str | int] = {"continuum.backend": "b", "continuum.seq": 1}
+    plain = trace_headers(None, "kv.batch publish", attributes)["traceparent"].split("-")
     assert [len(p) for p in plain] == [2, 32, 16, 2] and plain[3] == "01"
-    assert trace_headers(event, None) != trace_headers(event, None)  # a fresh root each time
+    # a fresh root each time
+    assert trace_headers(None, "kv.batch publish", attributes) != trace_headers(None, "kv.batch publish", attributes)
     tracing = Tracing(TracingConfig(enabled=True, otlp_endpoint="http://127.0.0.1:9/v1/traces"), "test")
     try:
-        headers = trace_headers(event, tracing)
+        headers = trace_headers(tracing, "kv.batch publish", attributes)
         context = tracing.extract(headers)
         with tracing.tracer.start_as_current_span("apply", context=context) as child:
             assert f"{child.get_span_context().trace_id:032x}" == headers["traceparent"].split("-")[1]

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from continuum_common.config.router import KvCacheIndex
-from continuum_common.kvindex import BackendCounters, ClearReport, IndexStats
+from continuum_common.kvindex import BackendCounters, BlockIndexStats, ClearReport, IndexStats
 from continuum_indexer.stats import SourceStats
 
 
@@ -17,8 +17,10 @@ def stats_body(
     sources: Sequence[SourceStats],
     consumer: Mapping[str, Any] | None,
     replica: str,
+    *,
+    blocks: BlockIndexStats | None = None,
 ) -> dict[str, Any]:
-    return {
+    body = {
         "enabled": cfg.enabled,
         "config": {
             "backend": stats.backend,
@@ -40,6 +42,31 @@ def stats_body(
         "consumer": dict(consumer) if consumer is not None else None,
         "replica": replica,
     }
+    if blocks is not None:
+        body["blocks"] = blocks_body(blocks)
+    return body
+
+
+def blocks_body(stats: BlockIndexStats, age_offset_s: float = 0.0) -> dict[str, Any]:
+    """The block index per backend; `age_offset_s` is added to each last-batch age (a snapshot
+    taken that long ago)."""
+    backends = {}
+    for name, b in sorted(stats.backends.items()):
+        age = b.last_batch_age_s
+        backends[name] = {
+            "gpu_blocks": b.gpu_blocks,
+            "storage_blocks": b.storage_blocks,
+            "source_epoch": b.source_epoch,
+            "last_batch_age_s": None if age is None else round(age + age_offset_s, 3),
+            "generation": b.generation,
+            "batches": b.batches,
+            "applied": b.applied,
+            "stale": b.stale,
+            "stale_batches": b.stale_batches,
+            "clears": b.clears,
+            "evicted": b.evicted,
+        }
+    return {"block_count": stats.block_count, "backends": backends}
 
 
 def backends_body(
@@ -77,12 +104,15 @@ def backends_body(
     return {"enabled": cfg.enabled, "backends": rows}
 
 
-def clear_body(report: ClearReport) -> dict[str, Any]:
-    return {
+def clear_body(report: ClearReport, cleared_blocks: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "success": True,
         "entries_before_clear": report.entries_before_clear,
         "cleared_entries": report.cleared_entries,
     }
+    if cleared_blocks is not None:
+        body["cleared_blocks"] = cleared_blocks
+    return body
 
 
 def error_body(kind: str, message: str) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Embedded memory mode (`kv_cache_index.backend: memory`): the ingress process feeds its own
-InMemoryKvIndex, with no indexer service and no Redis.
+InMemoryKvIndex (prefix keys) and InMemoryBlockIndex (engine block hashes), with no indexer
+service and no Redis.
 
     kv = EmbeddedKvIndex(config, nc, registry=ingress_registry)
     tg.create_task(kv.run())          # in the ingress's TaskGroup
     holders = await kv.index.query_many(prefixes)    # the scorer reads kv.index (a KvIndex)
+    matches = kv.blocks.match_nowait(chain, backends)  # synchronous, no await
     ...
     kv.stop()                         # at shutdown; run() returns after the batch in hand
 
@@ -20,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from continuum_common.bus import ensure_kv_stream
 from continuum_common.config.router import RouterConfig
-from continuum_common.kvindex import InMemoryKvIndex
+from continuum_common.kvindex import InMemoryBlockIndex, InMemoryKvIndex
 from continuum_indexer.config import ConsumerSettings, IndexerSettings
 from continuum_indexer.feeds import IndexFeeds
 from continuum_indexer.metrics import IndexerMetrics
@@ -39,6 +41,7 @@ class EmbeddedKvIndex:
         self.config = config
         self.nc = nc
         self.index = InMemoryKvIndex.from_config(section)
+        self.blocks = InMemoryBlockIndex.from_config(section)
         self.settings = IndexerSettings(
             config=config,
             consumer=ConsumerSettings(durable=None, replay_seconds=float(section.entry_ttl_seconds)),
@@ -46,7 +49,7 @@ class EmbeddedKvIndex:
             maintenance_interval_s=maintenance_interval_s,
         )
         self.metrics = IndexerMetrics(self.settings.known_backends(), registry)
-        self.feeds = IndexFeeds(self.settings, self.index, nc, self.metrics)
+        self.feeds = IndexFeeds(self.settings, self.index, nc, self.metrics, self.blocks)
 
     async def run(self) -> None:
         await ensure_kv_stream(self.nc.jetstream(), self.config.bus)

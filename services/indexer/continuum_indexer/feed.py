@@ -1,5 +1,6 @@
-"""EventSink: the one path from any transport (JetStream, SSE) into the index, with the
-metrics and the fleet-wide counters every transport shares."""
+"""EventSink: the one path from any transport (JetStream, SSE) into the indexes, with the
+metrics and the fleet-wide counters every transport shares: version-1 prefix-key events into
+the prefix index, version-2 KV batches (JetStream only) into the block index."""
 
 from __future__ import annotations
 
@@ -8,13 +9,22 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from continuum_common.events import KvEvent
-from continuum_common.kvindex import ApplyReport, KvIndexError, KvIndexWriter
+from continuum_common.kvindex import ApplyReport, BlockApplyReport, BlockIndexWriter, KvIndexError, KvIndexWriter
+from continuum_common.wire.kv import KvBatch
 from continuum_indexer.metrics import IndexerMetrics
 
 
 class EventSink:
-    def __init__(self, index: KvIndexWriter, metrics: IndexerMetrics, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        index: KvIndexWriter,
+        metrics: IndexerMetrics,
+        clock: Callable[[], float] = time.time,
+        *,
+        blocks: BlockIndexWriter | None = None,
+    ) -> None:
         self.index = index
+        self.blocks = blocks  # None: a sink that only takes version-1 events (an SSE source's)
         self.metrics = metrics
         self._clock = clock
         self.last_apply_at: float | None = None
@@ -56,4 +66,42 @@ class EventSink:
             m.changes.labels(m.backend(backend), "created").inc(count)
         for backend, count in report.evicted.items():
             m.changes.labels(m.backend(backend), "evicted").inc(count)
+        return report
+
+    def received_blocks(self, batches: Sequence[KvBatch]) -> None:
+        m = self.metrics
+        per_backend: dict[str, list[int]] = {}
+        for batch in batches:
+            counts = per_backend.setdefault(batch.backend, [0, 0])
+            counts[0] += 1
+            counts[1] += batch.block_count
+        for backend, (count, blocks) in per_backend.items():
+            label = m.backend(backend)
+            m.block_batches.labels(label).inc(count)
+            m.blocks_received.labels(label).inc(blocks)
+
+    async def apply_blocks(self, batches: Sequence[KvBatch]) -> BlockApplyReport:
+        """Apply a pull batch's KV batches (grouped per backend by the index); KvIndexError
+        propagates (the transport retries them)."""
+        if not batches:
+            return BlockApplyReport()
+        if self.blocks is None:
+            raise RuntimeError("this sink has no block index")
+        started = time.perf_counter()
+        try:
+            report = await self.blocks.apply_batches(batches)
+        except KvIndexError:
+            self.metrics.errors.labels("apply").inc()
+            raise
+        m = self.metrics
+        m.block_apply_seconds.observe(time.perf_counter() - started)
+        now = self._clock()
+        self.last_apply_at = now
+        for batch in batches:
+            m.block_lag_seconds.observe(max(0.0, now - batch.ts))
+        m.blocks_applied.labels("applied").inc(report.applied)
+        m.blocks_applied.labels("stale").inc(report.stale)
+        m.block_batches_stale.inc(report.stale_batches)
+        m.block_clears.inc(report.clears)
+        m.block_evictions.inc(report.evicted)
         return report

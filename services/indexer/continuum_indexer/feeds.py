@@ -1,6 +1,7 @@
-"""IndexFeeds: everything that moves events into one index — the JetStream consumer, the SSE
-sources and the periodic maintenance (TTL sweep, gauges). The indexer service runs it with a
-durable consumer; the ingress runs it in embedded memory mode with a private one (embedded.py).
+"""IndexFeeds: everything that moves events into the indexes (the prefix index and the block
+index): the JetStream consumer, the SSE sources and the periodic maintenance (TTL sweeps,
+gauges, the block snapshot /healthz shows). The indexer service runs it with a durable
+consumer; the ingress runs it in embedded memory mode with a private one (embedded.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from nats.aio.client import Client as NatsClient
 
 from continuum_common.bus import ensure_kv_stream
-from continuum_common.kvindex import KvIndexError, KvIndexWriter
+from continuum_common.kvindex import BlockIndexStats, BlockIndexWriter, KvIndexError, KvIndexWriter
 from continuum_indexer.adapters.jetstream import JetStreamConsumer
 from continuum_indexer.adapters.sse_source import SseSource
 from continuum_indexer.config import IndexerSettings
@@ -26,12 +27,18 @@ log = logging.getLogger("continuum.indexer")
 
 class IndexFeeds:
     def __init__(
-        self, settings: IndexerSettings, index: KvIndexWriter, nc: NatsClient, metrics: IndexerMetrics
+        self,
+        settings: IndexerSettings,
+        index: KvIndexWriter,
+        nc: NatsClient,
+        metrics: IndexerMetrics,
+        blocks: BlockIndexWriter,
     ) -> None:
         self.settings = settings
         self.index = index
+        self.blocks = blocks
         self.metrics = metrics
-        self.sink = EventSink(index, metrics)
+        self.sink = EventSink(index, metrics, blocks=blocks)
         self.consumer = JetStreamConsumer(
             nc,
             self.sink,
@@ -42,6 +49,9 @@ class IndexFeeds:
         self.sse_sources = [SseSource(s, self.sink) for s in settings.sse_sources]
         self.index_ok = True
         self.last_maintenance_at: float | None = None
+        # the block index as of the last maintenance pass (and when, monotonic): /healthz
+        # shows it without a Redis round trip
+        self.block_snapshot: tuple[BlockIndexStats, float] | None = None
         self._stop = asyncio.Event()
 
     def source_stats(self) -> list[SourceStats]:
@@ -74,6 +84,8 @@ class IndexFeeds:
         try:
             expired = await self.index.cleanup_expired()
             stats = await self.index.stats()
+            expired += await self.blocks.cleanup()
+            blocks = await self.blocks.block_stats()
         except KvIndexError as exc:
             self.index_ok = False
             self.metrics.errors.labels("maintenance").inc()
@@ -81,8 +93,13 @@ class IndexFeeds:
             return
         self.index_ok = True
         self.last_maintenance_at = time.time()
-        self.metrics.prefixes.set(stats.prefix_count)
-        self.metrics.entries.set(stats.entry_count)
-        self.metrics.evictions.set(stats.total_evictions)
+        self.block_snapshot = (blocks, time.monotonic())
+        m = self.metrics
+        m.prefixes.set(stats.prefix_count)
+        m.entries.set(stats.entry_count)
+        m.evictions.set(stats.total_evictions)
+        m.block_index_blocks.labels("gpu").set(sum(b.gpu_blocks for b in blocks.backends.values()))
+        m.block_index_blocks.labels("storage").set(sum(b.storage_blocks for b in blocks.backends.values()))
+        m.block_index_backends.set(len(blocks.backends))
         if expired:
             log.debug("swept %d expired index entries", expired)

@@ -11,7 +11,10 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-DROP_REASONS = ("decode", "backend_mismatch", "not_bus_source", "invalid", "unknown_type")
+# A dropped bus message is one v1 event or one whole v2 batch.
+DROP_REASONS = ("decode", "too_large", "backend_mismatch", "not_bus_source", "invalid", "unknown_type")
+BLOCK_RESULTS = ("applied", "stale")
+TIERS = ("gpu", "storage")
 RESULTS = ("applied", "stale", "ignored")
 TRANSPORTS = ("event_bus", "sse")
 OPERATIONS = ("apply", "maintenance", "admin")
@@ -72,6 +75,7 @@ class IndexerMetrics:
         self.errors = Counter(
             "continuum_kv_index_errors", "Index store failures (Redis) by operation", ["operation"], registry=r
         )
+        self._block_metrics(r)
         self.prefixes = Gauge("continuum_kv_index_prefixes", "Prefixes in the index", registry=r)
         self.entries = Gauge("continuum_kv_index_entries", "(prefix, backend) holder entries", registry=r)
         self.evictions = Gauge("continuum_kv_index_evictions", "Prefixes evicted by max_entries so far", registry=r)
@@ -81,3 +85,46 @@ class IndexerMetrics:
 
     def drop(self, backend: str | None, reason: str, count: int = 1) -> None:
         self.dropped.labels(self.backend(backend), reason if reason in DROP_REASONS else "invalid").inc(count)
+
+    def _block_metrics(self, r: CollectorRegistry) -> None:
+        """The block index's (version-2 batches)."""
+        self.block_batches = Counter(
+            "continuum_kv_block_batches_received", "Version-2 KV batches taken off the bus", ["backend"], registry=r
+        )
+        self.blocks_received = Counter(
+            "continuum_kv_block_events_received",
+            "Block events (hashes stored or removed) in the batches taken off the bus",
+            ["backend"],
+            registry=r,
+        )
+        self.blocks_applied = Counter(
+            "continuum_kv_block_events_applied",
+            "Block events by what applying them did (stale: older than the register, the backend's clear or its epoch)",
+            ["result"],
+            registry=r,
+        )
+        self.block_batches_stale = Counter(
+            "continuum_kv_block_batches_stale", "Batches of an older epoch than the backend's newest", registry=r
+        )
+        self.block_clears = Counter("continuum_kv_block_clears", "AllCleared applied (watermark raised)", registry=r)
+        self.block_evictions = Counter(
+            "continuum_kv_block_evictions", "Present blocks dropped by the max_entries bound", registry=r
+        )
+        self.block_apply_seconds = Histogram(
+            "continuum_kv_block_apply_seconds",
+            "Time to apply one pull batch's KV batches to the block index",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=r,
+        )
+        self.block_lag_seconds = Histogram(
+            "continuum_kv_block_lag_seconds",
+            "From a batch's timestamp to its write to the block index (listener clock vs indexer clock)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0),
+            registry=r,
+        )
+        self.block_index_blocks = Gauge(
+            "continuum_kv_block_index_blocks", "Present blocks in the block index, by tier", ["tier"], registry=r
+        )
+        self.block_index_backends = Gauge(
+            "continuum_kv_block_index_backends", "Backends with live state in the block index", registry=r
+        )

@@ -48,7 +48,7 @@ from continuum_ingress.config import ConfigHolder
 from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
 from continuum_ingress.errors import RequestError
 from continuum_ingress.gemini.wiring import build_gemini
-from continuum_ingress.hooks import BodyRewriter, Component, ResponseCacheHook
+from continuum_ingress.hooks import BodyRewriter, Component, RequestScorer, ResponseCacheHook
 from continuum_ingress.kv import build_kv_routing
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
@@ -70,7 +70,7 @@ class IngressApp:
         config: str | Path | RouterConfig,
         *,
         response_cache: ResponseCacheHook | None = None,
-        scorer: BackendScorer | None = None,
+        scorer: BackendScorer | RequestScorer | None = None,
         rewriters: Sequence[BodyRewriter] = (),
         components: Sequence[Component] = (),
         dialects: Mapping[str, UpstreamDialect] | None = None,

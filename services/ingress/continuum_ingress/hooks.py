@@ -6,7 +6,8 @@
   Anthropic cache_control are built in; Gemini context caching, issue 8, adds its own).
 * `RejectionHandler`: a body rewriter that may resend once to the same backend after a 4xx
   caused by its own rewrite (a Gemini cache reference that expired: resend without it).
-* The KV scorer (issue 7) is `policy.scorer.BackendScorer`.
+* `RequestScorer`: the Tier 4 scorer (kv/selector.py); a `policy.scorer.BackendScorer` (the
+  seed's prepare/score contract over a prefix key) is accepted too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from continuum_common.config import Backend, RouterConfig
+    from continuum_ingress.policy.kv_cost import KvChoice
+    from continuum_ingress.pool import BackendState
     from continuum_ingress.snapshot import RouterSnapshot
     from continuum_ingress.state import RequestState
 
@@ -116,3 +119,17 @@ class RejectionHandler(Protocol):
     def wants_body(self, state: RequestState, backend: Backend, status: int) -> bool: ...
 
     def retry_body(self, state: RequestState, backend: Backend, status: int, body: bytes) -> dict[str, Any] | None: ...
+
+
+@runtime_checkable
+class RequestScorer(Protocol):
+    """Tier 4: decides (or declines to decide) the backend of one attempt from what the
+    candidates already hold of the request's prompt, then hears where the attempt went."""
+
+    timeout_s: float  # the pipeline bounds decide() by this
+
+    async def decide(
+        self, state: RequestState, snapshot: RouterSnapshot, candidates: Sequence[BackendState]
+    ) -> KvChoice | None: ...
+
+    def note(self, state: RequestState, backend: BackendState, kv_aware: bool) -> None: ...

@@ -96,7 +96,7 @@ class IngressMetrics:
             registry=r,
         )
         self._kv_decisions = {
-            (d, t.value): decisions.labels(d, t.value) for d in ("kv_aware", "fallback") for t in HoldingTier
+            (d, t.value): decisions.labels(d, t.value) for d in ("kv_aware", "placed", "fallback") for t in HoldingTier
         }
         self.kv_overlap = Histogram(
             "continuum_kv_index_overlap_score",

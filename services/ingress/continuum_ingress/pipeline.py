@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from continuum_common.hashing import request_prefix_key
 from continuum_common.ring import RouteLabel
 from continuum_ingress.errors import NoBackend
-from continuum_ingress.hooks import CacheLookup, NoResponseCache, ResponseCacheHook
+from continuum_ingress.hooks import CacheLookup, NoResponseCache, RequestScorer, ResponseCacheHook
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.policy.scorer import BackendScorer, DecisionObserver, HoldingTier, best_scored
 from continuum_ingress.policy.strategies import SelectionInput
@@ -43,15 +43,17 @@ class SelectionPipeline:
         metrics: IngressMetrics,
         *,
         response_cache: ResponseCacheHook | None = None,
-        scorer: BackendScorer | None = None,
+        scorer: BackendScorer | RequestScorer | None = None,
         clock: Callable[[], float] = time.monotonic,
         scorer_timeout: float = SCORER_PREPARE_TIMEOUT_S,
     ) -> None:
         self.pool = pool
         self.metrics = metrics
         self.response_cache: ResponseCacheHook = response_cache or NoResponseCache()
-        self.scorer = scorer
-        self.observer = scorer if isinstance(scorer, DecisionObserver) else None
+        # The Tier 4 scorer: a RequestScorer (kv/selector.py), or the seed's BackendScorer.
+        self.selector = scorer if isinstance(scorer, RequestScorer) else None
+        self.scorer: BackendScorer | None = None if isinstance(scorer, RequestScorer) else scorer
+        self.observer = self.scorer if isinstance(self.scorer, DecisionObserver) else None
         self.clock = clock
         self.scorer_timeout = scorer_timeout
         self._scorer_error_logged = float("-inf")
@@ -91,7 +93,11 @@ class SelectionPipeline:
         candidates = self.candidates(state, snapshot, exclude)
         if not candidates:
             raise NoBackend(f"No healthy backend is available for model '{state.model}'.")
-        if self.scorer is not None and state.prefix_key is not None:
+        if self.selector is not None and state.prefix_key is not None:
+            picked = await self._selected(state, snapshot, candidates)
+            if picked is not None:
+                return picked
+        elif self.scorer is not None and state.prefix_key is not None:
             picked = await self._scored(state, candidates)
             if picked is not None:
                 return picked
@@ -104,7 +110,39 @@ class SelectionPipeline:
         state.route_label = choice.label
         backend = self.pool.get(choice.backend)
         assert backend is not None  # candidates come from the pool
+        if self.selector is not None and state.prefix_key is not None:
+            self.selector.note(state, backend, kv_aware=False)
         return backend
+
+    async def _selected(
+        self, state: RequestState, snapshot: RouterSnapshot, candidates: list[BackendState]
+    ) -> BackendState | None:
+        selector = self.selector
+        assert selector is not None
+        try:
+            best = await asyncio.wait_for(selector.decide(state, snapshot, candidates), selector.timeout_s)
+        except Exception as exc:  # a scorer outage must never fail the request
+            self._scorer_failed(exc)
+            return None
+        if best is None:
+            self.metrics.kv_decision("fallback", HoldingTier.NONE)
+            return None
+        self.metrics.kv_decision("placed" if best.placed else "kv_aware", best.tier, best.overlap)
+        backend = self.pool.get(best.backend)
+        assert backend is not None  # candidates come from the pool
+        selector.note(state, backend, kv_aware=True)
+        state.backend = best.backend
+        state.route_label = None
+        state.scorer_tier = best.tier
+        state.scorer_score = best.overlap
+        return backend
+
+    def _scorer_failed(self, exc: BaseException) -> None:
+        self.metrics.kv_scorer_errors.inc()
+        now = self.clock()
+        if now - self._scorer_error_logged >= SCORER_ERROR_LOG_INTERVAL_S:  # one line per outage second
+            self._scorer_error_logged = now
+            log.warning("KV scorer failed, using the selection strategy: %s", type(exc).__name__)
 
     async def _scored(self, state: RequestState, candidates: list[BackendState]) -> BackendState | None:
         assert self.scorer is not None and state.prefix_key is not None
@@ -112,11 +150,7 @@ class SelectionPipeline:
             await asyncio.wait_for(self.scorer.prepare(state.prefix_key, candidates), self.scorer_timeout)
             best = best_scored(self.scorer, state.prefix_key, candidates)
         except Exception as exc:  # a scorer outage must never fail the request
-            self.metrics.kv_scorer_errors.inc()
-            now = self.clock()
-            if now - self._scorer_error_logged >= SCORER_ERROR_LOG_INTERVAL_S:  # one line per outage second
-                self._scorer_error_logged = now
-                log.warning("KV scorer failed, using the selection strategy: %s", type(exc).__name__)
+            self._scorer_failed(exc)
             return None
         if best is None:
             self.metrics.kv_decision("fallback", HoldingTier.NONE)

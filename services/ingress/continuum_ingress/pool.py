@@ -29,6 +29,7 @@ class BackendState:
         "in_flight",
         "latency",
         "name",
+        "queued_tokens",
         "spec",
         "weight",
     )
@@ -38,6 +39,9 @@ class BackendState:
         self.name = spec.name
         self.weight = spec.weight
         self.in_flight = 0
+        # Uncached prompt tokens of requests sent here that have not produced a first byte yet
+        # (the KV scorer's estimate of the backend's prefill queue; docs/kv-scorer.md).
+        self.queued_tokens = 0
         self.latency: float | None = None
         self._window: deque[bool] = deque(maxlen=SUCCESS_WINDOW)
         self._window_ok = 0
@@ -72,6 +76,12 @@ class BackendState:
 
     def finish(self) -> None:
         self.in_flight -= 1
+
+    def queue_prefill(self, tokens: int) -> None:
+        self.queued_tokens += tokens
+
+    def prefill_done(self, tokens: int) -> None:
+        self.queued_tokens = max(0, self.queued_tokens - tokens)
 
     def _push(self, ok: bool) -> None:
         if len(self._window) == self._window.maxlen and self._window[0]:

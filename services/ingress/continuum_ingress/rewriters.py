@@ -25,7 +25,11 @@ class SaltEcho:
     """Salt echo (docs/hashing.md, continuum_common.salt): give vLLM / TRT-LLM backends a
     `cache_salt` that carries the HMAC-authenticated prefix key, bound to the backend's name, so
     the KV listener can attribute the engine's block chain without detokenizing. Only when the
-    request has a prefix key and the caller did not send its own `cache_salt` (theirs wins)."""
+    request has a prefix key and the caller did not send its own `cache_salt` (theirs wins).
+
+    Only for backends matched by prefix key (`kv_cache_index` mode `prefix_key`): precise
+    matching recomputes the engine's block hashes, which a salt the client did not send would
+    change, and approximate matching has no use for it."""
 
     def __init__(self, secret: bytes, metrics: IngressMetrics) -> None:
         self._secret = secret
@@ -39,10 +43,17 @@ class SaltEcho:
             or backend.type not in SALT_BACKEND_TYPES
             or state.api not in SALT_APIS
             or "cache_salt" in body
+            or _match_mode(snapshot, backend.name) != "prefix_key"
         ):
             return None
         self._metrics.salt_echo.inc()
         return {**body, "cache_salt": make_salt(self._secret, backend.name, state.prefix_key)}
+
+
+def _match_mode(snapshot: RouterSnapshot, backend: str) -> str:
+    kv = snapshot.config.kv_cache_index
+    group = snapshot.config.match_group_of(backend)
+    return group.mode if group is not None else kv.default_mode
 
 
 class AnthropicCacheControl:

@@ -31,6 +31,9 @@ class RequestState:
     route_label: RouteLabel | None = None
     scorer_tier: HoldingTier | None = None
     scorer_score: float | None = None
+    # Uncached prompt tokens the chosen backend has to prefill (set by the KV scorer; counted in
+    # the backend's queue from the attempt's start until its first byte).
+    prefill_tokens: int = 0
     attempts: list[str] = field(default_factory=list)
     # Tier 2: "hit" | "miss" | "bypass" (the X-Cache header), None when no cache ran.
     cache_status: str | None = None

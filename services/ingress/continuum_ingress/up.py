@@ -167,7 +167,10 @@ async def up(
             data = demo_config(
                 fleet.router_backends(), host=bind_host, port=_demo_port(bind_host) if port is None else port
             )
-            data.update(demo_kv_sections(state_dir))
+            e0 = fleet.endpoints[0]
+            data.update(
+                demo_kv_sections(state_dir, model=e0.model, block_size=e0.block_size, hash_seed=e0.python_hash_seed)
+            )
             path = _write_yaml(state_dir / "demo-config.yaml", data)
         else:
             path = Path(config_path)

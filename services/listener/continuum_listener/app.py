@@ -61,7 +61,7 @@ class ListenerApp:
         if cfg.bus is not None:
             self.publisher = JetStreamPublisher(
                 cfg.bus, self.metrics, capacity=cfg.limits.publish_buffer, on_overflow=self._overflow,
-                tracing=self.tracing,
+                tracing=self.tracing, window=cfg.limits.max_outstanding_acks,
             )  # fmt: skip
         sinks: list[EventSink] = [self.hub] if self.publisher is None else [self.hub, self.publisher]
         limits = cfg.limits
@@ -71,14 +71,17 @@ class ListenerApp:
             max_prefix_length=cfg.max_prefix_length,
             secret=settings.secret,
             detokenize_concurrency=limits.detokenize_concurrency,
+            keepalive=limits.keepalive_ms / 1000,
         )
         self._detokenizers: list[DetokenizeClient] = []
         for source in cfg.sources:
             self.pipelines[source.backend_name] = SourcePipeline(
-                source, self._pipeline_settings, self.metrics, sinks, self._resolver(source)
-            )
+                source, self._pipeline_settings, self.metrics, sinks, self._resolver(source),
+                block_sink=self.publisher, flow=self.publisher,
+            )  # fmt: skip
         host, _, port = cfg.listen.rpartition(":")  # validated host:port
-        self.http = EmbeddedServer(build_app(self.hub, self.metrics, self.health), host, int(port))
+        sse = frozenset(s.backend_name for s in cfg.sources if s.publishes_prefix)
+        self.http = EmbeddedServer(build_app(self.hub, self.metrics, self.health, sse_backends=sse), host, int(port))
         self.heartbeat = (
             Heartbeat(self.publisher, list(self.pipelines.values()), interval=heartbeat_interval)
             if self.publisher is not None
@@ -123,19 +126,27 @@ class ListenerApp:
         sources = {
             name: {
                 "engine": p.source.engine,
+                "publish": p.source.publish,
                 "connected": p.stats.connected,
                 "events_received": p.stats.received,
                 "events_dropped": p.stats.dropped,
                 "last_event_at": p.stats.last_event_at,
                 "source_epoch": p.sequencer.epoch,
+                "block_seq": p.blocks.seq if p.blocks is not None else None,
                 "sse_clients": self.hub.clients(name),
             }
             for name, p in self.pipelines.items()
         }
+        publisher = self.publisher
         bus = (
             None
-            if self.publisher is None
-            else {"connected": self.publisher.connected, "pending": self.publisher.pending}
+            if publisher is None
+            else {
+                "connected": publisher.connected,
+                "pending": publisher.pending,
+                "outstanding_acks": publisher.outstanding,
+                "backpressure": publisher.blocked,
+            }
         )
         return {"status": "draining" if self.stopping else "ok", "bus": bus, "sources": sources}
 

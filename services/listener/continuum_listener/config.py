@@ -19,17 +19,28 @@ class ListenerSettings:
 
 
 def uses_salt(source: ListenerSource) -> bool:
-    return source.engine == "trtllm" or source.prefix_key_mode == "salt_echo"
+    return source.publishes_prefix and (source.engine == "trtllm" or source.prefix_key_mode == "salt_echo")
 
 
 def uses_detokenize(source: ListenerSource) -> bool:
-    return source.prefix_key_mode in ("detokenize", "auto") and source.detokenize_endpoint is not None
+    """Prefix keys recovered through /detokenize (never for a blocks-only source: block batches
+    carry the engine's own hashes and need no prompt text)."""
+    return (
+        source.publishes_prefix
+        and source.prefix_key_mode in ("detokenize", "auto")
+        and source.detokenize_endpoint is not None
+    )
 
 
 def problems(config: ListenerConfig, secret: bytes | None) -> list[str]:
     out: list[str] = []
     for index, source in enumerate(config.sources):
         where = f"sources[{index}]"
+        if source.publishes_blocks and config.bus is None:
+            out.append(
+                f"{where}.publish: {source.publish} sends block batches to JetStream only; "
+                "configure bus, or set publish: prefix for an SSE-only listener"
+            )
         if uses_salt(source) and secret is None:
             out.append(f"{where}.prefix_key_mode: salt echo needs salt.secret_env or salt.secret_file")
         if uses_detokenize(source) and not source.model:

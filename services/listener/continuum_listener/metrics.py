@@ -31,6 +31,7 @@ CHAIN_EVENTS = frozenset(
 )
 DETOKENIZE_OUTCOMES = frozenset({"determined", "pending", "failed", "unattributable", "queue_full", "cache_hit"})
 EPOCH_REASONS = frozenset({"start", "publisher_restart", "gap", "replay_lost", "resync"})
+BLOCK_KINDS = ("stored", "removed", "cleared")
 REPLAY_OUTCOMES = frozenset({"recovered", "partial", "timeout", "failed"})
 
 
@@ -126,13 +127,48 @@ class ListenerMetrics:
             "continuum_kv_listener_prefixes", "Distinct (prefix key, tier) pairs announced.", ["backend"], registry=r
         )
         self.publish_buffer = Gauge(
-            "continuum_kv_listener_publish_buffer", "Events waiting for a JetStream acknowledgement.", registry=r
+            "continuum_kv_listener_publish_buffer",
+            "Messages (events or block batches) waiting to be published or acknowledged.",
+            registry=r,
         )
         self.bus_connected = Gauge("continuum_kv_listener_bus_connected", "1 while NATS is connected.", registry=r)
         self.publish_latency = Histogram(
             "continuum_kv_listener_publish_seconds",
             "Time from event creation to its JetStream acknowledgement.",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
+            registry=r,
+        )
+        self.blocks = Counter(
+            "continuum_kv_listener_blocks_total",
+            "Block hashes published in version-2 batches, by kind (cleared counts AllCleared events).",
+            ["backend", "kind"],
+            registry=r,
+        )
+        self.block_batches = Counter(
+            "continuum_kv_listener_block_batches_total",
+            "Version-2 block batches published (keepalives included).",
+            ["backend"],
+            registry=r,
+        )
+        self.keepalives = Counter(
+            "continuum_kv_listener_keepalives_total",
+            "Empty block batches published as a liveness signal.",
+            ["backend"],
+            registry=r,
+        )
+        self.outstanding_acks = Gauge(
+            "continuum_kv_listener_outstanding_acks", "JetStream publishes awaiting their acknowledgement.", registry=r
+        )
+        self.pauses = Counter(
+            "continuum_kv_listener_backpressure_pauses_total",
+            "Times a source stopped reading its engine because the publish queue was full.",
+            ["backend"],
+            registry=r,
+        )
+        self.paused_seconds = Counter(
+            "continuum_kv_listener_backpressure_seconds_total",
+            "Time sources spent paused by backpressure.",
+            ["backend"],
             registry=r,
         )
         self.sse_clients = Gauge(

@@ -1,9 +1,17 @@
-"""One source's processing: decoded engine events → chain tracker → coalesced normalized events.
+"""One source's processing: decoded engine events → what the source publishes.
 
-Transport adapters (ZMQ, TRT-LLM poller) call into a SourcePipeline synchronously; it never
-blocks. Detokenize jobs go to a bounded queue served by `detokenize_concurrency` workers; a full
-queue leaves the blocks OPEN for a later retry (counted). Normalized events are numbered by the
-source's EventSequencer and handed to every sink (the JetStream publisher, the SSE hub).
+* Blocks (`publish: blocks | both`): each engine batch becomes one version-2 block batch
+  (protocol.blocks maps vLLM / SGLang events, policy.rekey re-keys TensorRT-LLM blocks by
+  content), numbered and published by the source's BlockStream.
+* Prefix keys (`publish: prefix | both`): chain tracker → coalesced version-1 normalized events,
+  numbered by the source's EventSequencer and handed to every sink (the JetStream publisher, the
+  SSE hub). Detokenize jobs go to a bounded queue served by `detokenize_concurrency` workers; a
+  full queue leaves the blocks OPEN for a later retry (counted). A blocks-only source never
+  builds a chain tracker or a detokenize worker.
+
+Both streams of a source share its `source_epoch`: every new epoch restarts both. Transport
+adapters (ZMQ, TRT-LLM poller) call into a SourcePipeline synchronously; it never blocks. Before
+reading more from its engine an adapter awaits `wait_room()` (publisher backpressure).
 """
 
 from __future__ import annotations
@@ -19,11 +27,14 @@ from continuum_common.config.listener import ListenerSource
 from continuum_common.events import EventType, KvEvent, Tier
 from continuum_common.logs import short_hash
 from continuum_listener.attribution import Resolver
+from continuum_listener.block_stream import BatchSink, BlockStream
 from continuum_listener.errors import DecodeError
 from continuum_listener.metrics import ListenerMetrics
 from continuum_listener.policy.chains import ChainTracker, Job, Limits, Mode, Outcome, Resolution
 from continuum_listener.policy.depths import DepthBook
+from continuum_listener.policy.rekey import Rekeyer
 from continuum_listener.policy.sequence import EventSequencer
+from continuum_listener.protocol.blocks import BlockMapper, EventBuilder
 from continuum_listener.protocol.engine import decode_batch
 from continuum_listener.protocol.model import Batch, Cleared, EngineEvent, Moved, Removed, Stored
 
@@ -33,6 +44,15 @@ MAX_RANKS = 64
 
 class EventSink(Protocol):
     def submit(self, event: KvEvent) -> None: ...
+
+
+class FlowControl(Protocol):
+    """The publisher's backpressure, as sources see it."""
+
+    @property
+    def blocked(self) -> bool: ...
+
+    async def wait_room(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -55,6 +75,7 @@ class PipelineSettings:
     secret: bytes | None
     detokenize_concurrency: int = 4
     detokenize_queue: int = 1024
+    keepalive: float = 60.0  # seconds without a block batch before an empty one is sent
 
 
 class SourcePipeline:
@@ -65,13 +86,17 @@ class SourcePipeline:
         metrics: ListenerMetrics,
         sinks: Sequence[EventSink],
         resolver: Resolver | None = None,
+        *,
+        block_sink: BatchSink | None = None,
+        flow: FlowControl | None = None,
     ) -> None:
         self.source = source
         self.backend = source.backend_name
         self.settings = settings
         self.metrics = metrics
-        self.sinks = list(sinks)
-        self.resolver = resolver
+        self.prefix = source.publishes_prefix
+        self.sinks = list(sinks) if self.prefix else []
+        self.resolver = resolver if self.prefix else None
         self.book = DepthBook()
         self.sequencer = EventSequencer(self.backend)
         self.stats = SourceStats()
@@ -85,7 +110,19 @@ class SourcePipeline:
         self._m_kinds = {
             k: metrics.block_events.labels(self.backend, k) for k in ("stored", "removed", "moved", "cleared")
         }
+        self._m_pauses = metrics.pauses.labels(self.backend)
+        self._m_paused = metrics.paused_seconds.labels(self.backend)
         self._resync_wanted = False
+        self.flow = flow
+        # Block output (None for a prefix-only source, or when there is no bus to publish to).
+        self.blocks: BlockStream | None = None
+        if source.publishes_blocks and block_sink is not None:
+            self.blocks = BlockStream(self.backend, block_sink, metrics, keepalive=settings.keepalive)
+        self.mapper = BlockMapper(source.block_size)
+        self.rekeyers: dict[int, Rekeyer] = {}
+        self._pending = EventBuilder()
+        self._skipped: dict[str, int] = {}
+        self.replay_wanted = False  # a resync asks the ZMQ source to replay the engine's buffer
 
     # -- trackers and numbering ----------------------------------------------------------------
 
@@ -102,6 +139,13 @@ class SourcePipeline:
             )
         return tracker
 
+    def rekeyer(self, rank: int = 0) -> Rekeyer:
+        rekeyer = self.rekeyers.get(rank)
+        if rekeyer is None:
+            capacity = self.settings.limits.max_tracked_blocks
+            rekeyer = self.rekeyers[rank] = Rekeyer(capacity, self.source.block_size)
+        return rekeyer
+
     def _emit(self, kind: EventType, prefix: bytes | None, tier: Tier, count: int) -> KvEvent:
         event = self.sequencer.make(kind, prefix, tier, count)
         self.metrics.published.labels(self.backend, kind.value).inc()
@@ -110,17 +154,27 @@ class SourcePipeline:
         return event
 
     def start_epoch(self, reason: str) -> None:
-        """A new source_epoch that starts with `cleared`: consumers drop what they knew."""
+        """A new source_epoch: `cleared` (prefix keys) and a batch holding AllCleared (blocks)
+        first, so consumers drop what they knew."""
         for tracker in self.trackers.values():
             tracker.reset()
         self.book.clear()
         epoch = self.sequencer.new_epoch()
         self.metrics.epoch(self.backend, reason)
         log.info("source %s: epoch %d (%s)", self.backend, epoch, reason)
-        self._emit(EventType.CLEARED, None, Tier.GPU_HOT, 0)
+        if self.prefix:
+            self._emit(EventType.CLEARED, None, Tier.GPU_HOT, 0)
+        self._start_block_epoch(epoch)
+
+    def _start_block_epoch(self, epoch: int) -> None:
+        for rekeyer in self.rekeyers.values():
+            rekeyer.clear()
+        self._pending = EventBuilder()
+        if self.blocks is not None:
+            self.blocks.start_epoch(epoch)
 
     def clear(self) -> None:
-        """AllBlocksCleared: same epoch, everything gone."""
+        """AllBlocksCleared (prefix keys): same epoch, everything gone."""
         for tracker in self.trackers.values():
             tracker.reset()
         self.book.clear()
@@ -132,6 +186,17 @@ class SourcePipeline:
         if tracker is not None:
             tracker.withdraw()
             self._after_change(tracker, flush=False)
+        if self.blocks is not None and rank in self.rekeyers:
+            self._withdraw_rank(rank)
+
+    def _withdraw_rank(self, rank: int) -> None:
+        """Block output for a rank that lost its state: AllCleared when it is the source's only
+        rank (cheaper, and covers blocks the re-key map forgot), else that rank's removals."""
+        if set(self.rekeyers) <= {rank}:
+            self.rekeyer(rank).clear()
+            self._pending.cleared()
+        else:
+            self.rekeyer(rank).withdraw(self._pending)
 
     # -- input -------------------------------------------------------------------------------
 
@@ -145,6 +210,7 @@ class SourcePipeline:
         try:
             self.apply_batch(batch)
         except Exception:  # a bug must not stop the source: count, log (no payload), go on
+            self._pending = EventBuilder()
             self.drop("other")
             log.exception("source %s: failed to apply a batch of %d events", self.backend, len(batch.events))
 
@@ -154,41 +220,83 @@ class SourcePipeline:
             self.drop(reason, n)
         if batch.unknown_fields:
             self.metrics.unknown_fields.labels(self.backend).inc(batch.unknown_fields)
-        self.apply_events(self.tracker(0), batch.events, rank_scoped=False)
-        self.end_batch()
+        if self.blocks is not None:
+            self.mapper.map(batch.events, self._pending, self._skipped)
+        try:
+            if self.prefix:
+                self.apply_events(self.tracker(0), batch.events, rank_scoped=False)
+            else:
+                self._account(batch.events, mismatches=True)
+        finally:  # the block batch goes out even if the prefix path failed on it
+            self.end_batch()
+
+    def apply_rank(self, rank: int, events: Sequence[EngineEvent]) -> None:
+        """TensorRT-LLM: one rank's events; the caller ends the body with `end_batch()`."""
+        if self.prefix:
+            self.apply_events(self.tracker(rank), events, rank_scoped=True)
+        else:
+            self._account(events, mismatches=True)
+        if self.blocks is None:
+            return
+        rekeyer, out, skipped = self.rekeyer(rank), self._pending, self._skipped
+        for event in events:
+            if isinstance(event, Stored):
+                rekeyer.stored(event, out, skipped)
+            elif isinstance(event, Removed):
+                rekeyer.removed(event, out, skipped)
+            elif isinstance(event, Moved):
+                rekeyer.moved(event, out, skipped)
+            else:
+                self._withdraw_rank(rank)
+        pruned = rekeyer.take_pruned()
+        if pruned:
+            self.metrics.chain_event(self.backend, "pruned_blocks", pruned)
 
     def apply_events(self, tracker: ChainTracker, events: Sequence[EngineEvent], *, rank_scoped: bool) -> None:
-        """Apply events; the caller ends the batch with `end_batch()` (one flush per batch)."""
-        kinds: dict[str, int] = {}
+        """Apply events to a chain tracker (prefix keys); the caller ends the batch with
+        `end_batch()` (one flush per batch)."""
         for event in events:
             if type(event) is Stored:
                 if event.mismatch:
                     self._mismatch()
                 self._submit(tracker, tracker.apply_stored(event))
-                kind = "stored"
             elif type(event) is Removed:
                 tracker.apply_removed(event)
-                kind = "removed"
             elif type(event) is Moved:
                 tracker.apply_moved(event)
-                kind = "moved"
             else:
                 assert type(event) is Cleared
                 if rank_scoped:
                     tracker.withdraw()
                 else:
                     self.clear()
-                kind = "cleared"
-            kinds[kind] = kinds.get(kind, 0) + 1
-        for kind, n in kinds.items():
-            self._m_kinds[kind].inc(n)
-        self.stats.received += len(events)
-        self.stats.last_event_at = time.time()
+        self._account(events, mismatches=False)
         self._after_change(tracker, flush=False)
 
+    def _account(self, events: Sequence[EngineEvent], *, mismatches: bool) -> None:
+        """Engine events by kind and the source's stats (`mismatches`: also count stores whose
+        tokens do not match their block size; the prefix path counts them itself)."""
+        kinds: dict[type, int] = {}
+        for event in events:
+            kind = type(event)
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if mismatches and kind is Stored and event.mismatch:  # type: ignore[union-attr]
+                self._mismatch()
+        for kind, n in kinds.items():
+            self._m_kinds[_KIND_NAMES[kind]].inc(n)
+        self.stats.received += len(events)
+        self.stats.last_event_at = time.time()
+
     def end_batch(self) -> None:
-        if self.settings.coalesce_window <= 0:
+        if self.prefix and self.settings.coalesce_window <= 0:
             self.flush()
+        if self._skipped:
+            for reason, n in self._skipped.items():
+                self.drop(reason, n)
+            self._skipped.clear()
+        if self.blocks is not None and len(self._pending):
+            pending, self._pending = self._pending, EventBuilder()
+            self.blocks.emit(pending)
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.stats.dropped += n
@@ -210,6 +318,18 @@ class SourcePipeline:
             self.metrics.chain_event(self.backend, what, n)
         if flush and self.settings.coalesce_window <= 0:
             self.flush()
+
+    # -- backpressure --------------------------------------------------------------------------
+
+    async def wait_room(self) -> None:
+        """Return once the publisher can take more (at once when it can)."""
+        flow = self.flow
+        if flow is None or not flow.blocked:
+            return
+        self._m_pauses.inc()
+        started = time.monotonic()
+        await flow.wait_room()
+        self._m_paused.inc(time.monotonic() - started)
 
     # -- detokenize ----------------------------------------------------------------------------
 
@@ -260,11 +380,13 @@ class SourcePipeline:
         ]
 
     def want_resync(self) -> None:
-        """The publisher lost events of this backend: restate everything in a new epoch."""
+        """The publisher lost messages of this backend: restate everything in a new epoch."""
         self._resync_wanted = True
 
     def resync(self, room: int) -> bool:
-        """New epoch, `cleared`, then the announced state (when it fits in `room` events)."""
+        """New epoch; prefix keys: `cleared`, then the announced state (when it fits in `room`
+        events); blocks: AllCleared, then the re-keyed TensorRT-LLM blocks, or for a ZMQ source
+        a replay of the engine's buffer (`replay_wanted`, served by the ZMQ source)."""
         if not self._resync_wanted:
             return False
         self._resync_wanted = False
@@ -272,12 +394,23 @@ class SourcePipeline:
         epoch = self.sequencer.new_epoch()
         self.metrics.epoch(self.backend, "resync")
         log.warning("source %s: resync in epoch %d (%d prefixes)", self.backend, epoch, len(state))
-        self._emit(EventType.CLEARED, None, Tier.GPU_HOT, 0)
-        if len(state) < room:
-            for change in state:
-                self._emit(change.type, change.prefix, change.tier, change.token_count)
-        else:  # restating would overflow again: announce keys afresh as they change
-            self.book.forget_announced()
+        if self.prefix:
+            self._emit(EventType.CLEARED, None, Tier.GPU_HOT, 0)
+            if len(state) < room:
+                for change in state:
+                    self._emit(change.type, change.prefix, change.tier, change.token_count)
+            else:  # restating would overflow again: announce keys afresh as they change
+                self.book.forget_announced()
+        if self.blocks is not None:
+            self._pending = EventBuilder()
+            self.blocks.start_epoch(epoch)
+            if self.source.engine == "trtllm":
+                restated = EventBuilder()
+                for rekeyer in self.rekeyers.values():
+                    rekeyer.restate(restated)
+                self.blocks.emit(restated)
+            else:
+                self.replay_wanted = True
         return True
 
     @property
@@ -285,12 +418,29 @@ class SourcePipeline:
         return self._resync_wanted
 
     async def run(self) -> None:
-        """Flush timer and detokenize workers; runs until cancelled."""
+        """Flush timer, block keepalives and detokenize workers; runs until cancelled."""
         async with asyncio.TaskGroup() as tg:
             if self.resolver is not None:
                 for _ in range(self.settings.detokenize_concurrency):
                     tg.create_task(self._detokenize_worker())
-            window = self.settings.coalesce_window
-            while True:
-                await asyncio.sleep(window if window > 0 else 1.0)
-                self.flush()
+            if self.blocks is not None:
+                tg.create_task(self._keepalive(self.blocks))
+            if self.prefix:
+                window = self.settings.coalesce_window
+                while True:
+                    await asyncio.sleep(window if window > 0 else 1.0)
+                    self.flush()
+
+    async def _keepalive(self, blocks: BlockStream) -> None:
+        while True:
+            due = blocks.keepalive_due(time.monotonic())
+            if due > 0:
+                await asyncio.sleep(due)
+                continue
+            if self.stats.connected:
+                blocks.send_keepalive()
+            else:  # an engine that is gone is left to expire in the index
+                await asyncio.sleep(min(blocks.keepalive, 1.0))
+
+
+_KIND_NAMES: dict[type, str] = {Stored: "stored", Removed: "removed", Moved: "moved", Cleared: "cleared"}

@@ -16,17 +16,23 @@ from continuum_common.config.router import Bus, Tracing
 from continuum_common.config.types import HttpUrl, Section, SourceId
 
 ChatTemplate = Literal["chatml", "llama3", "mistral", "gemma", "sim"]
+# What a source publishes: version-2 block batches (the engine's block hashes, one bus message
+# per engine batch), version-1 prefix-key events (the seed's index, and the SSE feed), or both.
+PublishMode = Literal["blocks", "prefix", "both"]
 
 
 class ListenerSource(Section):
     backend_name: SourceId
     engine: Literal["vllm", "sglang", "trtllm"]
+    publish: PublishMode = "blocks"
     model: str | None = None
     # ZMQ (vLLM, SGLang)
     zmq_endpoint: str | None = None
     zmq_mode: Literal["bind", "connect"] = "connect"
     topic: str = ""
     replay_endpoint: str | None = None
+    # Receive high-water mark of the SUB socket, in batches (vLLM's publisher default).
+    zmq_rcvhwm: int = Field(100_000, ge=1, le=10_000_000)
     # TensorRT-LLM: the trtllm-serve POST /kv_cache_events drain
     trtllm_endpoint: HttpUrl | None = None
     poll_interval_ms: int = Field(200, ge=10, le=60_000)
@@ -37,6 +43,14 @@ class ListenerSource(Section):
     block_size: int | None = Field(None, ge=1, le=65_536)
     allowed_publishers: list[str] = []
     request_timeout_ms: int = Field(2000, ge=10, le=60_000)
+
+    @property
+    def publishes_blocks(self) -> bool:
+        return self.publish != "prefix"
+
+    @property
+    def publishes_prefix(self) -> bool:
+        return self.publish != "blocks"
 
     @model_validator(mode="after")
     def _transport_fields(self) -> Self:
@@ -70,6 +84,10 @@ class ListenerLimits(Section):
     publish_buffer: int = Field(10_000, ge=1, le=10_000_000)
     sse_history: int = Field(10_000, ge=1, le=10_000_000)
     detokenize_concurrency: int = Field(4, ge=1, le=256)
+    # A block stream that published nothing for this long gets an empty batch (liveness).
+    keepalive_ms: int = Field(60_000, ge=100, le=3_600_000)
+    # JetStream publishes awaiting their acknowledgement at once.
+    max_outstanding_acks: int = Field(512, ge=1, le=65_536)
 
 
 class ListenerSalt(Section):

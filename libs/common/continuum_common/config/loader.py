@@ -106,7 +106,8 @@ def load_listener_config(path: str | Path) -> ListenerConfig:
 
 
 def router_warnings(cfg: RouterConfig) -> list[str]:
-    """The seed's two configuration warnings, path first (also logged at start-up and reload)."""
+    """The seed's configuration warnings and Continuum's own, path first (also logged at
+    start-up and reload)."""
     warnings: list[str] = []
     if cfg.selection_strategy is SelectionStrategy.PREFIX_AWARE_HASH and not cfg.prefix_routing.enabled:
         warnings.append(
@@ -117,6 +118,7 @@ def router_warnings(cfg: RouterConfig) -> list[str]:
     if (
         cfg.prefix_routing.enabled
         and cfg.kv_cache_index.enabled
+        and scoring.model == "seed"
         and scoring.gpu_tier_weight < scoring.min_overlap_threshold
     ):
         warnings.append(
@@ -129,4 +131,31 @@ def router_warnings(cfg: RouterConfig) -> list[str]:
             "kv_cache_index.enabled: the KV index scorer only runs when prefix_routing.enabled is "
             "also true (it needs the prefix key)"
         )
+    warnings.extend(_group_warnings(cfg))
     return warnings
+
+
+def _group_warnings(cfg: RouterConfig) -> list[str]:
+    """Match groups that will not do what their mode promises."""
+    out: list[str] = []
+    if not cfg.kv_cache_index.enabled:
+        return out
+    for i, group in enumerate(cfg.kv_cache_index.groups):
+        members = [b for b in cfg.backends if cfg.match_group_of(b.name) is group]
+        if not members:
+            out.append(f"kv_cache_index.groups.{i}: group {group.name!r} matches no configured backend")
+        if group.mode != "precise":
+            continue
+        odd = [b.name for b in members if b.type not in ("vllm", "sglang", "trtllm", "openai")]
+        if odd:
+            out.append(
+                f"kv_cache_index.groups.{i}.mode: precise matching needs engines that report KV events; "
+                f"{', '.join(odd)} cannot (use approximate)"
+            )
+        if group.engine == "sglang" and group.block_size < 16:
+            out.append(
+                f"kv_cache_index.groups.{i}.block_size: {group.block_size} tokens per page means one hash per "
+                f"{group.block_size} token(s) for every request; precise matching costs grow with it (page_size "
+                "16 or more, or approximate mode, is cheaper)"
+            )
+    return out

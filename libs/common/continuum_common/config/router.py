@@ -110,6 +110,13 @@ class CostModel(Section):
     per_request_ms: float = Field(2.0, ge=0.0, le=60_000.0)
     # A token held only in a storage tier costs this fraction of recomputing it (the copy back).
     storage_token_cost: float = Field(0.25, ge=0.0, le=1.0)
+    # A request whose best candidate holds less than this fraction of its prompt is new work
+    # (a new conversation under a shared system prompt): it goes where the least new prompt
+    # was sent recently, so conversations spread over every backend's cache, instead of to
+    # whoever holds its small shared head.
+    affinity_threshold: float = Field(0.3, ge=0.0, le=1.0)
+    # Half-life of that recent-demand measure.
+    demand_half_life_seconds: float = Field(60.0, gt=0.0, le=86_400.0)
     # Cache affinity never pushes a backend beyond ceil((1 + epsilon) * mean in-flight); None
     # takes prefix_routing.load_factor_epsilon.
     load_factor_epsilon: float | None = Field(None, ge=0.01, le=10.0)

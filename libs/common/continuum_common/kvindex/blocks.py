@@ -61,7 +61,9 @@ class BlockIndexReader(Protocol):
 class BlockApplyReport:
     batches: int = 0
     applied: int = 0  # block registers changed
-    stale: int = 0  # block events older than what the register (or the backend's clear) records
+    # block events older than what the register (or the backend's clear) records, including
+    # every block event of a stale batch: applied + stale == the block events of the batches
+    stale: int = 0
     stale_batches: int = 0  # whole batches of an older epoch
     clears: int = 0
     evicted: int = 0  # present blocks dropped by the max_blocks bound
@@ -82,6 +84,14 @@ class BlockBackendStats:
     source_epoch: int
     last_batch_age_s: float | None
     generation: int
+    # What applying this backend's batches did since its state was created (fleet-wide on
+    # Redis; reset when the backend expires). Same meanings as BlockApplyReport's fields.
+    batches: int = 0
+    applied: int = 0
+    stale: int = 0
+    stale_batches: int = 0
+    clears: int = 0
+    evicted: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Admin over NATS request/reply: `continuum.indexer.admin.stats|backends|clear` (JSON).
+"""Admin over NATS request/reply: `continuum.indexer.admin.stats|backends|clear` (JSON);
+`stats` has a `blocks` section, `clear` forgets the prefix index and the block index.
 
 All replicas subscribe in one queue group, so each request is answered once; the answers are
 fleet-wide where the index keeps the numbers (Redis), replica-local for connection state."""
@@ -16,7 +17,7 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import Error as JsError
 
 from continuum_common.config.router import KvCacheIndex
-from continuum_common.kvindex import KvIndexError, KvIndexWriter
+from continuum_common.kvindex import BlockIndexWriter, KvIndexError, KvIndexWriter
 from continuum_indexer import admin
 from continuum_indexer.config import ADMIN_QUEUE_GROUP, ADMIN_SUBJECT_PREFIX
 from continuum_indexer.feeds import IndexFeeds
@@ -27,11 +28,19 @@ log = logging.getLogger("continuum.indexer.admin")
 
 class AdminResponder:
     def __init__(
-        self, nc: NatsClient, cfg: KvCacheIndex, index: KvIndexWriter, feeds: IndexFeeds, metrics: IndexerMetrics
+        self,
+        nc: NatsClient,
+        cfg: KvCacheIndex,
+        index: KvIndexWriter,
+        feeds: IndexFeeds,
+        metrics: IndexerMetrics,
+        *,
+        blocks: BlockIndexWriter | None = None,
     ) -> None:
         self.nc = nc
         self.cfg = cfg
         self.index = index
+        self.blocks = blocks if blocks is not None else feeds.blocks
         self.feeds = feeds
         self.metrics = metrics
         self.replica = f"{socket.gethostname()}:{id(self):x}"
@@ -63,14 +72,21 @@ class AdminResponder:
     async def answer(self, verb: str) -> dict[str, Any]:
         if verb == "stats":
             return admin.stats_body(
-                self.cfg, await self.index.stats(), self.feeds.source_stats(), await self._consumer_info(), self.replica
+                self.cfg,
+                await self.index.stats(),
+                self.feeds.source_stats(),
+                await self._consumer_info(),
+                self.replica,
+                blocks=await self.blocks.block_stats(),
             )
         if verb == "backends":
             return admin.backends_body(self.cfg, await self.index.backend_counters(), self.feeds.source_stats())
         if verb == "clear":
+            # blocks first: the Redis prefix index's clear deletes every key under the prefix
+            blocks = await self.blocks.clear_blocks()
             report = await self.index.clear()
-            log.info("index cleared by admin request: %d prefixes", report.cleared_entries)
-            return admin.clear_body(report)
+            log.info("index cleared by admin request: %d prefixes, %d blocks", report.cleared_entries, blocks)
+            return admin.clear_body(report, blocks)
         return admin.error_body("unknown_verb", "expected stats, backends or clear")
 
     async def _consumer_info(self) -> dict[str, Any] | None:

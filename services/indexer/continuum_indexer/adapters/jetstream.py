@@ -3,11 +3,13 @@
 * Durable (shared by every indexer replica: JetStream hands each message to one of them) or,
   for the embedded memory mode, private and ephemeral, replaying the recent stream on start.
 * Explicit acks, `max_ack_pending` bounds what is in flight, unlimited redelivery.
+* A message is a version-1 prefix-key event (prefix index) or a version-2 KV batch (block
+  index); a fetched batch's KV batches are applied together (one script call per backend).
 * Undecodable messages are counted, logged without their payload and terminated (never
-  redelivered, never blocking the stream). Bus events of backends configured for the SSE
-  transport are acked and skipped (one transport per backend).
-* An index failure naks the batch with a delay and backs off exponentially; the redelivered
-  events are applied idempotently.
+  redelivered, never blocking the stream). Version-1 events of backends configured for the
+  SSE transport are acked and skipped (one transport per backend; blocks only come by bus).
+* An index failure naks the messages of that index's write with a delay and backs off
+  exponentially; the redelivered events and batches are applied idempotently.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from nats.js.errors import APIError, BadRequestError, FetchTimeoutError
 
 from continuum_common.events import STREAM_NAME, SUBJECT_WILDCARD, KvEvent
 from continuum_common.kvindex import KvIndexError
+from continuum_common.wire.kv import KvBatch
 from continuum_indexer.adapters.pull import ConsumerGoneError, PullStream
 from continuum_indexer.config import ConsumerSettings
 from continuum_indexer.errors import DroppedEvent
@@ -182,38 +185,59 @@ class JetStreamConsumer:
         self.sink.metrics.connected.labels(EVENT_BUS_SOURCE).set(1 if connected else 0)
 
     async def handle(self, msgs: list[Msg]) -> None:
-        """Decode, apply and settle one fetched batch."""
+        """Decode, apply and settle one fetched batch: version-1 events into the prefix index,
+        version-2 batches (grouped per backend by the block index) into the block index. Each
+        part is acked after its own write; a part whose write failed is nak'd with backoff."""
         events: list[KvEvent] = []
-        to_ack: list[Msg] = []
+        event_msgs: list[Msg] = []
+        batches: list[KvBatch] = []
+        batch_msgs: list[Msg] = []
         for msg in msgs:
             try:
-                event = decode_bus_message(msg.subject, msg.data)
+                item = decode_bus_message(msg.subject, msg.data)
             except DroppedEvent as drop:
                 self._drop(msg, drop)
                 await self._settle(msg.term())
                 continue
-            if event.backend in self.skip_backends:
-                self.sink.dropped(event.backend, "not_bus_source")
+            if isinstance(item, KvBatch):
+                # SSE sources carry prefix-key events only: blocks always come from the bus
+                batches.append(item)
+                batch_msgs.append(msg)
+            elif item.backend in self.skip_backends:
+                self.sink.dropped(item.backend, "not_bus_source")
                 await self._settle(msg.ack())
-                continue
-            events.append(event)
-            to_ack.append(msg)
+            else:
+                events.append(item)
+                event_msgs.append(msg)
         self.stats.saw_events(len(msgs))
-        if not events:
+        failed: list[Msg] = []
+        if events:
+            self.sink.received_batch(events, "event_bus")
+            if not await self._write(lambda: self.sink.apply(events), event_msgs, "events"):
+                failed += event_msgs
+        if batches:
+            self.sink.received_blocks(batches)
+            if not await self._write(lambda: self.sink.apply_blocks(batches), batch_msgs, "block batches"):
+                failed += batch_msgs
+        if not failed:
+            if events or batches:
+                self._backoff.reset()
             return
-        self.sink.received_batch(events, "event_bus")
+        delay = self._backoff.next()
+        for msg in failed:
+            await self._settle(msg.nak(delay=delay))
+        await asyncio.sleep(delay)
+
+    async def _write(self, write: Callable[[], Awaitable[object]], msgs: list[Msg], what: str) -> bool:
+        """Run one index write; ack its messages when it succeeded."""
         try:
-            await self.sink.apply(events)
+            await write()
         except KvIndexError as exc:
-            delay = self._backoff.next()
-            log.warning("index write failed (%s); %d events naked, retry in %.1fs", exc, len(to_ack), delay)
-            for msg in to_ack:
-                await self._settle(msg.nak(delay=delay))
-            await asyncio.sleep(delay)
-            return
-        self._backoff.reset()
-        for msg in to_ack:
+            log.warning("index write failed (%s); %d %s naked", exc, len(msgs), what)
+            return False
+        for msg in msgs:
             await self._settle(msg.ack())
+        return True
 
     def _drop(self, msg: Msg, drop: DroppedEvent) -> None:
         self.stats.events_dropped += 1

@@ -147,6 +147,9 @@ class Forwarder:
         headers = dialect.headers(state.api, snapshot.api_keys.get(spec.name), state.client)
         start = self.clock()
         backend.begin(start)
+        # The scorer's prefill estimate stays queued on the backend until the first byte
+        # (_stream) or the end of the attempt, whichever comes first.
+        backend.queue_prefill(state.prefill_tokens)
         try:
             response = await self._send(client, target, headers, content, backend)
             try:
@@ -188,6 +191,8 @@ class Forwarder:
             raise
         finally:
             backend.finish()
+            backend.prefill_done(state.prefill_tokens)
+            state.prefill_tokens = 0
 
     def _prepare(
         self, state: RequestState, spec: Backend, client: UpstreamClient
@@ -333,6 +338,9 @@ class Forwarder:
         await channel.start(response.status, headers)
         try:
             async for raw in response.stream():
+                if state.prefill_tokens:
+                    backend.prefill_done(state.prefill_tokens)
+                    state.prefill_tokens = 0
                 chunk = raw if translator is None else translator.chunk(raw)
                 if not chunk:
                     continue

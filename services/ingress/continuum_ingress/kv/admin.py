@@ -32,7 +32,7 @@ from continuum_ingress.policy.scorer import HoldingTier
 if TYPE_CHECKING:
     from continuum_ingress.kv.component import KvRouting
 
-DECISIONS = ("kv_aware", "fallback")
+DECISIONS = ("kv_aware", "placed", "fallback")
 
 
 def iso_time(ts: object) -> str | None:
@@ -148,8 +148,14 @@ class KvAdminEndpoints:
             index = dict(view.get("index") or {})
         else:
             index = await self._direct_index_stats()
-        counters = kv.scorer.counters
+        counters = kv.prefix_scorer.counters
         index["total_hits"] = counters.hits
+        blocks = (view or {}).get("blocks")
+        if kv.embedded is not None:
+            try:
+                blocks = indexer_admin.blocks_body(await kv.embedded.blocks.block_stats())
+            except KvIndexError:
+                blocks = None
         heartbeats = await kv.bus.heartbeats()
         sources = [heartbeat_source(h) for h in heartbeats]
         for s in (view or {}).get("event_sources") or []:
@@ -164,13 +170,17 @@ class KvAdminEndpoints:
                 "event_sources_count": len(section.event_sources),
                 "speculative_ttl_ms": section.speculative_ttl_ms,
                 "scoring": {
+                    "model": w.model,
                     "overlap_weight": w.overlap_weight,
                     "load_weight": w.load_weight,
                     "health_weight": w.health_weight,
                     "min_overlap_threshold": w.min_overlap_threshold,
                     "gpu_tier_weight": w.gpu_tier_weight,
                     "storage_tier_weight": w.storage_tier_weight,
+                    "cost": w.cost.model_dump(),
                 },
+                "default_mode": section.default_mode,
+                "groups": {g.name: g.mode for g in kv.selector.groups.values()},
             },
             "index": {
                 "prefix_count": index.get("prefix_count"),
@@ -184,6 +194,8 @@ class KvAdminEndpoints:
             "overlap_score_count": self._sample("continuum_kv_index_overlap_score_count"),
             "lookups": {"total": counters.lookups, "hits": counters.hits, "errors": counters.errors},
             "speculative": {"entries": len(kv.speculative), "routes": counters.speculative_routes},
+            "route_memory": {"entries": kv.selector.recorded_entries()},
+            "blocks": blocks,
             "index_source": origin,
             "indexer": None
             if view is None or origin != "indexer"
@@ -209,7 +221,7 @@ class KvAdminEndpoints:
             [b.name for b in kv.config.backends],
             (view or {}).get("backends") or [],
             heartbeats,
-            kv.scorer.counters.kv_aware_by_backend,
+            kv.prefix_scorer.counters.kv_aware_by_backend + kv.selector.kv_aware_by_backend,
         )
         return JSONResponse({"enabled": kv.section.enabled, "backends": rows, "index_source": origin})
 
@@ -220,14 +232,18 @@ class KvAdminEndpoints:
                 report = await kv.embedded.index.clear()
             except KvIndexError as exc:
                 return _unavailable("index_unavailable", str(exc))
-            kv.scorer.clear()
+            kv.prefix_scorer.clear()
+            kv.selector.clear()
+            if kv.embedded is not None:
+                await kv.embedded.blocks.clear_blocks()
             return JSONResponse({**indexer_admin.clear_body(report), "scope": "this ingress (embedded index)"})
         answer = await kv.bus.indexer("clear")
         if answer is None:
             return _unavailable("indexer_unavailable", "no continuum-indexer answered on NATS; nothing was cleared")
         if answer.get("success") is not True:
             return JSONResponse(answer, status_code=503)
-        kv.scorer.clear()
+        kv.prefix_scorer.clear()
+        kv.selector.clear()
         return JSONResponse({**answer, "scope": "fleet (redis index)"})
 
 

@@ -2,9 +2,16 @@
 
 Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns:
 
-* the scorer (`KvOverlapScorer`), which the pipeline runs for requests with a prefix key, i.e.
-  exactly while `prefix_routing.enabled` (hot-reloadable) is also on, whatever the strategy;
-* the index it reads:
+* the selector (`KvSelector`, kv/selector.py), which the pipeline runs for requests with a
+  prefix key, i.e. exactly while `prefix_routing.enabled` (hot-reloadable) is also on, whatever
+  the strategy; it matches requests per match group (precise / approximate / prefix_key) and
+  delegates prefix-key groups to the seed's scorer (`KvOverlapScorer`);
+* the block index it reads (engine block hashes): the embedded InMemoryBlockIndex (memory) or a
+  read-only RedisBlockIndex (redis), through `BlockReads`;
+* the decision share (kv/adapters/decisions.py): routing decisions to and from the other
+  ingress replicas over NATS, and a watch that forgets what was recorded about a backend whose
+  engine cleared its cache (the block index's per-backend generation);
+* the prefix-key index it reads:
   - `backend: memory`: continuum_indexer.embedded.EmbeddedKvIndex, an InMemoryKvIndex in this
     process fed by a private JetStream consumer (it replays the last entry TTL of the stream,
     then follows it) and by the `transport: sse` sources; no indexer process, no Redis;
@@ -22,20 +29,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
+import socket
 
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
 from continuum_common.config import RouterConfig
+from continuum_common.config.router import KvCacheIndex
 from continuum_common.kvindex import KvIndex
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
+from continuum_common.kvindex.blocks import BlockIndexReader, MatchQuery
 from continuum_common.redis_client import RedisClient
+from continuum_common.wire.decisions import Decision, replica_id
 from continuum_indexer.embedded import EmbeddedKvIndex
 from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.kv.adapters.bus import BusReader, connect_client
+from continuum_ingress.kv.adapters.decisions import DecisionShare
+from continuum_ingress.kv.block_reads import BlockReads
 from continuum_ingress.kv.metrics import KvScorerMetrics
 from continuum_ingress.kv.scorer import KvOverlapScorer
+from continuum_ingress.kv.selector import KvSelector
 from continuum_ingress.kv.speculative import SpeculativeEntries
 from continuum_ingress.policy.kv_scoring import Weights
 
@@ -43,6 +59,7 @@ log = logging.getLogger("continuum.ingress.kv")
 
 NATS_CLIENT_NAME = "continuum-ingress"
 STOP_GRACE_S = 5.0
+GENERATION_WATCH_S = 1.0
 
 
 class KvRouting:
@@ -63,13 +80,28 @@ class KvRouting:
         self.nc = NatsClient()
         self.bus = BusReader(self.nc, config.bus.request_timeout_ms / 1000)
         self.speculative = SpeculativeEntries(section.speculative_ttl_ms / 1000)
-        self.metrics = KvScorerMetrics(registry, lambda: float(len(self.speculative)))
-        self.scorer = KvOverlapScorer(
+        self.metrics = KvScorerMetrics(
+            registry, lambda: float(len(self.speculative)), lambda: float(self.selector.recorded_entries())
+        )
+        self.prefix_scorer = KvOverlapScorer(
             Weights.from_config(section.scoring),
             speculative=self.speculative,
             observe_query=self._observe_query,
             on_speculative_route=self.metrics.speculative_routes.inc,
         )
+        self.block_reads = BlockReads(observe=self._observe_block_read)
+        self.replica = replica_id(socket.gethostname(), os.getpid(), secrets.token_hex(3))
+        # Raises ConfigError for an unreadable tokenizer / chat template of a precise group.
+        self.selector = KvSelector(
+            config,
+            prefix_scorer=self.prefix_scorer,
+            block_reads=self.block_reads,
+            metrics=self.metrics,
+            replica=self.replica,
+        )
+        self.scorer = self.selector
+        self.decisions: DecisionShare | None = None
+        self._generations: dict[str, int] = {}
         self.embedded: EmbeddedKvIndex | None = None
         self.redis_index: RedisKvIndex | None = None
         self._shared_redis = redis
@@ -91,15 +123,20 @@ class KvRouting:
             self.embedded = EmbeddedKvIndex(
                 self.config, self.nc, registry=self.registry, maintenance_interval_s=self._embedded_maintenance_s
             )
-            self.scorer.index = self.embedded.index
+            self.prefix_scorer.index = self.embedded.index
+            self.block_reads.index = self.embedded.blocks
         else:
-            self.scorer.index = self._open_redis()
+            self.prefix_scorer.index = self._open_redis()
         w = self.section.scoring
+        c = w.cost
         log.info(
-            "KV scorer on (%s index): overlap_weight=%g load_weight=%g health_weight=%g "
-            "min_overlap_threshold=%g gpu_tier_weight=%g storage_tier_weight=%g speculative_ttl_ms=%d",
-            self.backend, w.overlap_weight, w.load_weight, w.health_weight, w.min_overlap_threshold,
+            "KV scorer on (%s index, scoring %s): overlap_weight=%g load_weight=%g health_weight=%g "
+            "min_overlap_threshold=%g gpu_tier_weight=%g storage_tier_weight=%g speculative_ttl_ms=%d "
+            "prefill_tokens_per_second=%g per_request_ms=%g storage_token_cost=%g groups=%s",
+            self.backend, w.model, w.overlap_weight, w.load_weight, w.health_weight, w.min_overlap_threshold,
             w.gpu_tier_weight, w.storage_tier_weight, self.section.speculative_ttl_ms,
+            c.prefill_tokens_per_second, c.per_request_ms, c.storage_token_cost,
+            ",".join(f"{g.name}:{g.mode}" for g in self.selector.groups.values()),
         )  # fmt: skip
         self._task = asyncio.get_running_loop().create_task(self._run(), name="kv-routing")
 
@@ -117,30 +154,79 @@ class KvRouting:
         elif shared is not None:
             shared.on_swap.append(self._swap_redis)
         self.redis_index = RedisKvIndex.from_config(self.section, client)
+        self.block_reads.index = _redis_blocks(self.section, client)
         return self.redis_index
 
     def _swap_redis(self, client: RedisClient | None) -> None:
         if client is None:  # the connection went away from the config: keep reading the old one
             return
         self.redis_index = RedisKvIndex.from_config(self.section, client)
-        self.scorer.index = self.redis_index
+        self.prefix_scorer.index = self.redis_index
+        self.block_reads.index = _redis_blocks(self.section, client)
 
     async def _run(self) -> None:
         try:
             await connect_client(self.nc, self.config.bus, url=self.nats_url, name=NATS_CLIENT_NAME)
             log.info("KV routing connected to NATS")
-            if self.embedded is None:
-                self.ready.set()
-                return
-            consumer = self.embedded.feeds.consumer
-            watcher = asyncio.get_running_loop().create_task(consumer.ready.wait())
-            watcher.add_done_callback(lambda t: None if t.cancelled() else self.ready.set())
-            try:
-                await self.embedded.run()
-            finally:
-                watcher.cancel()
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._share_decisions())
+                tasks.create_task(self._watch_generations())
+                if self.embedded is None:
+                    self.ready.set()
+                else:
+                    consumer = self.embedded.feeds.consumer
+                    watcher = tasks.create_task(consumer.ready.wait())
+                    watcher.add_done_callback(lambda t: None if t.cancelled() else self.ready.set())
+                    await self.embedded.run()
         except Exception:  # the scorer keeps answering from what it has; requests fall back
             log.exception("the KV index feed stopped")
+
+    async def _share_decisions(self) -> None:
+        share = DecisionShare(self.nc, self.replica, self._remote_decision, on_drop=self._decision_dropped)
+        self.decisions = share
+        self.selector.share = self._offer_decision
+        await share.run()
+
+    def _offer_decision(self, decision: Decision) -> None:
+        share = self.decisions
+        if share is not None:
+            share.offer(decision)
+            self.metrics.decisions_sent.inc()
+
+    def _remote_decision(self, decision: Decision) -> None:
+        self.metrics.decisions_received.inc()
+        self.selector.apply_remote(decision)
+
+    def _decision_dropped(self, reason: str) -> None:
+        self.metrics.decisions_dropped.labels(reason).inc()
+
+    async def _watch_generations(self) -> None:
+        """Forget what was recorded about a backend whose engine lost its cache: the block
+        index's per-backend generation changes when a backend is cleared, restarts or expires."""
+        backends = [b.name for b in self.config.backends]
+        while True:
+            await asyncio.sleep(GENERATION_WATCH_S)
+            try:
+                found = await self._generations_now(backends)
+            except Exception as exc:  # the index is down: nothing learnt this round
+                log.debug("generation watch: %s", type(exc).__name__)
+                continue
+            for backend, generation in found.items():
+                before = self._generations.get(backend)
+                self._generations[backend] = generation
+                if before is not None and before != generation:
+                    log.info("backend %s lost its KV cache (generation %d); forgetting its routes", backend, generation)
+                    self.selector.wipe(backend)
+
+    async def _generations_now(self, backends: list[str]) -> dict[str, int]:
+        index = self.block_reads.index
+        if index is None:
+            return {}
+        if hasattr(index, "match_nowait"):
+            found = index.match_nowait((), backends)
+        else:
+            found = (await index.match_many([MatchQuery((), backends)]))[0]
+        return {b: m.generation for b, m in found.items()}
 
     def reload(self, config: RouterConfig) -> None:
         """Nothing to do: kv_cache_index is restart-only (the config holder warns about a
@@ -157,7 +243,9 @@ class KvRouting:
                         await asyncio.shield(task)
             task.cancel()  # still connecting (NATS down), or past the grace period
             await asyncio.gather(task, return_exceptions=True)
-        await self.scorer.aclose()
+        await self.prefix_scorer.aclose()
+        await self.block_reads.aclose()
+        await self.selector.aclose()
         with contextlib.suppress(Exception):
             await self.nc.close()
         if self._owned_redis is not None:
@@ -171,6 +259,12 @@ class KvRouting:
 
         return KvAdminEndpoints(self).routes()
 
+    def _observe_block_read(self, seconds: float, queries: int) -> None:
+        if seconds < 0:
+            self.metrics.block_read_errors.inc()
+            return
+        self.metrics.block_read_seconds.observe(seconds)
+
     def _observe_query(self, seconds: float, asked: int, held: int) -> None:
         if seconds < 0:
             self.metrics.query_errors.inc()
@@ -178,3 +272,10 @@ class KvRouting:
         self.metrics.query_seconds.observe(seconds)
         self.metrics.hits.inc(held)
         self.metrics.misses.inc(asked - held)
+
+
+def _redis_blocks(section: KvCacheIndex, client: RedisClient) -> BlockIndexReader:
+    from continuum_common.kvindex.adapters.redis_blocks import RedisBlockIndex
+
+    index: BlockIndexReader = RedisBlockIndex.from_config(section, client)
+    return index

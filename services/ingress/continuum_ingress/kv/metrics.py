@@ -16,9 +16,67 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 QUERY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
+KEYS_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
 class KvScorerMetrics:
-    def __init__(self, registry: CollectorRegistry, speculative_entries: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        speculative_entries: Callable[[], float],
+        recorded_entries: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         r = registry
+        self.keys_seconds = Histogram(
+            "continuum_kv_request_keys_seconds",
+            "Time to turn a request into its matching keys (tokenize + hash, or text chunks), by mode",
+            ["mode"],
+            buckets=KEYS_BUCKETS,
+            registry=r,
+        )
+        self.precise_fallbacks = Counter(
+            "continuum_kv_precise_fallbacks",
+            "Requests of a precise group matched approximately instead (tokenizer or /tokenize failed)",
+            ["group", "reason"],
+            registry=r,
+        )
+        self.tokenizer_audits = Counter(
+            "continuum_kv_tokenizer_audits",
+            "Background checks of a precise group's local tokenizer against an engine's /tokenize",
+            ["group", "result"],
+            registry=r,
+        )
+        self.block_read_errors = Counter(
+            "continuum_kv_block_index_read_errors",
+            "Block index reads that failed or were skipped after a recent failure",
+            registry=r,
+        )
+        self.block_read_seconds = Histogram(
+            "continuum_kv_block_index_read_seconds",
+            "One block index read (all requests of one event-loop turn)",
+            buckets=QUERY_BUCKETS,
+            registry=r,
+        )
+        decisions = Counter(
+            "continuum_kv_decisions_shared",
+            "Routing decisions shared with other ingress replicas over NATS",
+            ["direction"],
+            registry=r,
+        )
+        self.decisions_sent = decisions.labels("sent")
+        self.decisions_received = decisions.labels("received")
+        self.decisions_dropped = Counter(
+            "continuum_kv_decisions_dropped",
+            "Routing decisions not shared (queue full, NATS down, undecodable)",
+            ["reason"],
+            registry=r,
+        )
+        recorded = Gauge(
+            "continuum_kv_route_memory_entries",
+            "Chain entries this router remembers sending (approximate records, speculative blocks)",
+            registry=r,
+        )
+        recorded.set_function(recorded_entries)
         self.query_seconds = Histogram(
             "continuum_kv_index_query_duration_seconds",
             "One pipelined index read (query_many) by the scorer, per batch of prefixes",

@@ -122,6 +122,13 @@ class KvOverlapScorer:
         holders = merge_provisional(slot.holders, self.speculative.backends(key, self.clock()))
         slot.scores = composite_scores(holders, self._loads, self.weights)
 
+    def holdings(self, prefix_key: bytes) -> list[Holding]:
+        """The prefix's holders as prepare() last fetched them, plus live provisional rows."""
+        key = prefix_key.hex()
+        slot = self._slots.get(key)
+        real = slot.holders if slot is not None else ()
+        return merge_provisional(real, self.speculative.backends(key, self.clock()))
+
     def score(self, prefix_key: bytes, backend: str) -> float:
         return self.score_with_tier(prefix_key, backend)[0]
 

@@ -8,8 +8,9 @@ files they need.
 * `indexer`: the indexer, in this process, when `kv_cache_index` is enabled with
   `backend: redis` (with `backend: memory` the ingress keeps the index itself: no indexer).
 
-`--demo` turns Tier 4 on: prefix routing, the KV index (memory backend: no Redis needed), salt
-echo with a secret generated once into `.continuum/salt-secret`, and an admin token in
+`--demo` turns Tier 4 on: prefix routing, the KV index (memory backend: no Redis needed) with
+the demo engines as one precise match group (the engines' vLLM block hashes, token ids from their
+own /tokenize), the listener publishing the engines' block events, and an admin token in
 `.continuum/admin-token` so the admin endpoints can be tried.
 """
 
@@ -50,36 +51,36 @@ def secret_file(state_dir: Path, name: str) -> Path:
     return path
 
 
-def demo_kv_sections(state_dir: Path) -> dict[str, Any]:
-    """The router sections `--demo` adds for Tier 4."""
+def demo_kv_sections(state_dir: Path, *, model: str, block_size: int, hash_seed: str) -> dict[str, Any]:
+    """The router sections `--demo` adds for Tier 4: the demo engines as one precise group."""
+    group = {
+        "name": "demo",
+        "models": [model],
+        "mode": "precise",
+        "engine": "vllm",
+        "block_size": block_size,
+        "hash_seed": hash_seed,
+    }
     return {
         "prefix_routing": {"enabled": True},
-        "kv_cache_index": {
-            "enabled": True,
-            "backend": "memory",
-            "salt_echo": {"enabled": True, "secret_file": str(secret_file(state_dir, SALT_FILE))},
-        },
+        "kv_cache_index": {"enabled": True, "backend": "memory", "groups": [group]},
         "admin": {"token_file": str(secret_file(state_dir, ADMIN_TOKEN_FILE))},
     }
 
 
-def demo_listener_config(sources: Sequence[dict[str, Any]], *, nats_url: str, salt_file: Path) -> dict[str, Any]:
-    """The listener file for the demo engines: salt echo first, /detokenize for requests that
-    did not come through the ingress (prefix_key_mode auto)."""
+def demo_listener_config(sources: Sequence[dict[str, Any]], *, nats_url: str) -> dict[str, Any]:
+    """The listener file for the demo engines: their block events, as they come."""
     return {
         "listen": "127.0.0.1:0",
         "bus": {"embedded": False, "url": nats_url},
-        "salt": {"secret_file": str(salt_file)},
-        "sources": [{**s, "prefix_key_mode": "auto"} for s in sources],
+        "sources": [{**s, "publish": "blocks"} for s in sources],
     }
 
 
 def _listener_config(ctx: UpContext) -> ListenerConfig | None:
     if ctx.fleet is not None and ctx.listener_config is None:
         assert ctx.nats_url is not None
-        data = demo_listener_config(
-            ctx.fleet.listener_sources(), nats_url=ctx.nats_url, salt_file=secret_file(ctx.data_dir, SALT_FILE)
-        )
+        data = demo_listener_config(ctx.fleet.listener_sources(), nats_url=ctx.nats_url)
         path = ctx.data_dir / DEMO_LISTENER_FILE
         path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         return ListenerConfig.model_validate(data)

@@ -1,5 +1,8 @@
 """The listener's HTTP surface: `GET /events/{backend}` (SSE), `GET /healthz`, `GET /metrics`.
 
+The SSE feed carries version-1 prefix-key events, so it serves the sources that publish them
+(`publish: prefix | both`); a blocks-only source answers 404 with a body that says so.
+
 Served by `continuum_common.asgi_server.EmbeddedServer` inside the listener's own event loop;
 the app owns signals (SIGTERM drains).
 """
@@ -24,11 +27,25 @@ def error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
 
 
-def build_app(hub: SseHub, metrics: ListenerMetrics, health: Callable[[], dict[str, Any]]) -> Starlette:
+def build_app(
+    hub: SseHub,
+    metrics: ListenerMetrics,
+    health: Callable[[], dict[str, Any]],
+    *,
+    sse_backends: frozenset[str] | None = None,
+) -> Starlette:
+    served = hub.backends if sse_backends is None else sse_backends
+
     async def events(request: Request) -> Response:
         backend = request.path_params["backend"]
         if backend not in hub.backends:
             return error(404, f"unknown backend {backend!r}", "not_found_error")
+        if backend not in served:
+            message = (
+                f"backend {backend!r} publishes block batches only (publish: blocks); this feed "
+                "carries prefix-key events (publish: prefix or both)"
+            )
+            return error(404, message, "not_found_error")
         if hub.draining:
             return error(503, "listener is draining", "unavailable_error")
         last = request.headers.get("last-event-id") or request.query_params.get("last_event_id")

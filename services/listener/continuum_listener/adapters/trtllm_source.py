@@ -7,6 +7,9 @@ one host allowed to announce this backend's cache, and a redirect could point an
 
 event_id continuity per attention-DP rank (policy.sequence.EventIdTracker): duplicates are
 skipped, a gap or a restart withdraws that rank's blocks (its other ranks stay announced).
+
+One response body is one engine batch: its events become one block batch. Before each poll the
+source awaits the publisher's room (backpressure): the engine's queue holds what is not drained.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class TrtllmSource:
         backoff = 0.25
         async with httpx.AsyncClient(follow_redirects=False, timeout=self.timeout, trust_env=False) as client:
             while True:
+                await self.pipeline.wait_room()
                 try:
                     body = await self._poll(client)
                 except (httpx.HTTPError, PollError) as exc:
@@ -96,7 +100,7 @@ class TrtllmSource:
     def handle(self, body: bytes) -> int:
         """Apply one response body; returns how many events it held."""
         try:
-            decoded = decode_body(body)
+            decoded = decode_body(body, keep_tokens=self.pipeline.blocks is not None)
         except DecodeError as exc:
             self.pipeline.drop(exc.reason)
             return 0
@@ -127,6 +131,6 @@ class TrtllmSource:
                 elif event.window < self.max_window:
                     self.pipeline.drop("window")
                     continue
-            self.pipeline.apply_events(self.pipeline.tracker(event.rank), event.events, rank_scoped=True)
+            self.pipeline.apply_rank(event.rank, event.events)
         self.pipeline.end_batch()
         return len(decoded.events)

@@ -14,6 +14,15 @@ one applied.
 
 Live messages that arrive during a replay wait in the SUB socket's queue (bounded by its
 high-water mark; overflow there shows up as one more gap).
+
+Flow: queued messages are read without blocking for at most `budget` seconds (5 ms) at a time,
+then the loop yields, so the HTTP server and the publisher are served during a backlog. Before
+reading, the source awaits the publisher's room (backpressure): while the publish queue is full
+it reads nothing, the SUB queue and then the engine's PUB fill up, and what the PUB drops comes
+back through the replay above. A replay pauses the same way; its DEALER's receive high-water
+mark is the SUB's, so replies wait in the socket rather than being dropped by the engine's
+ROUTER. A resync of a block stream (`pipeline.replay_wanted`) replays the engine's buffer from
+seq 0 into the new epoch, as at start-up.
 """
 
 from __future__ import annotations
@@ -48,17 +57,19 @@ class ZmqSource:
         source: ListenerSource,
         pipeline: SourcePipeline,
         *,
-        rcvhwm: int = 100_000,
+        rcvhwm: int | None = None,
         max_replay_seconds: float = 30.0,
+        budget: float = 0.005,
     ) -> None:
         self.ctx = ctx
         self.source = source
         self.pipeline = pipeline
         self.metrics = pipeline.metrics
         self.backend = source.backend_name
-        self.rcvhwm = rcvhwm
+        self.rcvhwm = rcvhwm if rcvhwm is not None else source.zmq_rcvhwm
         self.replay_timeout = source.request_timeout_ms / 1000
         self.max_replay_seconds = max_replay_seconds
+        self.budget = budget
         self.seq = SeqTracker()
 
     def _open(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
@@ -81,10 +92,11 @@ class ZmqSource:
     async def run(self) -> None:
         sub, monitor = self._open()
         watcher = asyncio.create_task(self._watch(monitor))
+        # A synchronous view of the same socket: non-blocking reads without a Future each.
+        reader: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
         try:
             while True:
-                frames = await sub.recv_multipart()
-                await self.handle(frames)
+                await self._read(sub, reader)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -94,6 +106,43 @@ class ZmqSource:
             monitor.close(linger=0)
             sub.close(linger=0)
             self._set_connected(False)
+
+    async def _read(self, sub: zmq.asyncio.Socket, reader: zmq.Socket[bytes]) -> None:
+        """Apply queued messages for up to `budget` seconds; wait for one when none is queued."""
+        pipeline = self.pipeline
+        await pipeline.wait_room()
+        if pipeline.replay_wanted:
+            await self._restate()
+        deadline = time.monotonic() + self.budget
+        while True:
+            try:
+                frames = reader.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                await sub.poll(timeout=500)  # POLLIN; wakes now and then for a resync
+                return
+            await self.handle(frames)
+            if time.monotonic() >= deadline or self._blocked():
+                await asyncio.sleep(0)
+                return
+
+    def _blocked(self) -> bool:
+        flow = self.pipeline.flow
+        return flow is not None and flow.blocked
+
+    async def _pause(self) -> float:
+        """Yield to the loop, and wait for room to publish; returns the seconds it took (a
+        replay does not count them against its deadline)."""
+        started = time.monotonic()
+        await asyncio.sleep(0)
+        await self.pipeline.wait_room()
+        return time.monotonic() - started
+
+    async def _restate(self) -> None:
+        """Resync of the block stream: replay what the engine still buffers into the new epoch."""
+        self.pipeline.replay_wanted = False
+        last = self.seq.last
+        if last is not None and self.source.replay_endpoint is not None:
+            await self._replay(0, last + 1, fresh=True)
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
         peers = 0
@@ -145,38 +194,11 @@ class ZmqSource:
             return fresh
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        expected, outcome = start, "recovered"
-        deadline = time.monotonic() + self.max_replay_seconds
+        dealer.setsockopt(zmq.RCVHWM, self.rcvhwm)
         try:
             dealer.connect(endpoint)
             await dealer.send_multipart(replay_request(start))
-            while expected < end:
-                wait = min(self.replay_timeout, deadline - time.monotonic())
-                if wait <= 0 or not await dealer.poll(int(wait * 1000)):
-                    outcome = "timeout"
-                    break
-                try:
-                    item = parse_replay(await dealer.recv_multipart())
-                except DecodeError as exc:
-                    self.pipeline.drop(exc.reason)
-                    continue
-                if item is None:
-                    break
-                if item.seq < expected:
-                    continue
-                if item.seq > expected:
-                    # The publisher's buffer starts after what we asked for.
-                    self.pipeline.drop("replay_lost", min(item.seq, end) - expected)
-                    if not fresh:
-                        self.pipeline.start_epoch("replay_lost")
-                        fresh = True  # from here on we rebuild as after a restart
-                    outcome = "partial"
-                    expected = item.seq
-                    if expected >= end:
-                        break
-                self.seq.advance(item.seq)
-                self.pipeline.apply_payload(item.payload)
-                expected = item.seq + 1
+            expected, outcome, fresh = await self._apply_replies(dealer, start, end, fresh)
         finally:
             dealer.close(linger=0)
         if expected < end:
@@ -185,3 +207,43 @@ class ZmqSource:
                 outcome = "failed"
         self.metrics.replay(self.backend, outcome)
         return outcome == "recovered" or (fresh and outcome == "partial")
+
+    async def _apply_replies(
+        self, dealer: zmq.asyncio.Socket, start: int, end: int, fresh: bool
+    ) -> tuple[int, str, bool]:
+        """Read replies until `end` or the end marker; returns (next expected seq, outcome,
+        fresh)."""
+        expected, outcome = start, "recovered"
+        deadline = time.monotonic() + self.max_replay_seconds
+        yield_at = time.monotonic() + self.budget
+        while expected < end:
+            if time.monotonic() >= yield_at or self._blocked():
+                deadline += await self._pause()
+                yield_at = time.monotonic() + self.budget
+            wait = min(self.replay_timeout, deadline - time.monotonic())
+            if wait <= 0 or not await dealer.poll(int(wait * 1000)):
+                outcome = "timeout"
+                break
+            try:
+                item = parse_replay(await dealer.recv_multipart())
+            except DecodeError as exc:
+                self.pipeline.drop(exc.reason)
+                continue
+            if item is None:
+                break
+            if item.seq < expected:
+                continue
+            if item.seq > expected:
+                # The publisher's buffer starts after what we asked for.
+                self.pipeline.drop("replay_lost", min(item.seq, end) - expected)
+                if not fresh:
+                    self.pipeline.start_epoch("replay_lost")
+                    fresh = True  # from here on we rebuild as after a restart
+                outcome = "partial"
+                expected = item.seq
+                if expected >= end:
+                    break
+            self.seq.advance(item.seq)
+            self.pipeline.apply_payload(item.payload)
+            expected = item.seq + 1
+        return expected, outcome, fresh

@@ -217,4 +217,4 @@ def _stored(f: dict[str, Any], limits: Limits, expected_block_size: int | None) 
         salt = salt_candidate(f.get("extra_keys"), lora_name)
         if salt is not None:
             salts = [salt]
-    return Stored(hashes, parent, spans, tokens, ok, bool(tokens) and not ok, medium, salts, lora_name)
+    return Stored(hashes, parent, spans, tokens, ok, bool(tokens) and not ok, medium, salts, lora_name, block_size=size)

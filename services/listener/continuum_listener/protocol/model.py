@@ -38,6 +38,10 @@ DROP_REASONS = frozenset(
         "replay_lost",  # batches that neither live delivery nor replay recovered
         "window",  # TRT-LLM event for a smaller attention window than the tracked one
         "http",  # TRT-LLM poll answered with a non-200 status or a redirect
+        "partial_block",  # a block with fewer tokens than the source's block size (block mode)
+        "unknown_parent",  # TRT-LLM block whose parent was never re-keyed (block mode)
+        "unknown_block",  # TRT-LLM removal/move of a block this listener never re-keyed
+        "unkeyed_block",  # TRT-LLM block with multimodal extra token ids (cannot be re-keyed)
         "other",
     }
 )
@@ -107,6 +111,10 @@ class Stored:
     salts: list[str | None] | None = None  # per-block salt candidates ("cr1." strings)
     lora_name: str | None = None
     placeholder: bool = False  # offload placeholder: token_ids == [] and block_size == 0
+    block_size: int = 0  # the event's block_size field (TensorRT-LLM: tokens of its longest block)
+    # TensorRT-LLM only: indices of blocks whose content cannot be re-keyed (multimodal extra
+    # token ids, token ids outside uint32); token_ids then holds plain ints, one per token.
+    unkeyed: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

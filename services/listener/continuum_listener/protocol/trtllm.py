@@ -3,8 +3,9 @@
 The body is a JSON array of `{event_id, data, window_size?, attention_dp_rank?, hash_algo?,
 layer_group_id?}`. IDs and hashes are uint64 (parsed exactly: orjson keeps every integer up to
 2^64-1 as an int, and anything larger becomes a float, which is rejected) or, with the v2 KV cache
-manager, hex strings. Tokens are not kept: TRT-LLM sources are salt-only (no public /detokenize),
-so only each block's token count matters.
+manager, hex strings. For prefix keys tokens are not needed (TRT-LLM sources are salt-only: no
+public /detokenize), so only each block's token count is read; block mode (`keep_tokens`) keeps
+the token ids too, to re-key blocks by content (policy.rekey).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from continuum_listener.protocol.model import (
 
 MAX_EVENTS = 100_000
 MAX_BLOCKS = 1 << 17
+_U32 = 1 << 32
 
 
 @dataclass(slots=True)
@@ -57,8 +59,9 @@ def level_medium(level: Any) -> str:
     return TRT_LEVEL_MEDIA[min(level, len(TRT_LEVEL_MEDIA) - 1)]
 
 
-def decode_body(body: bytes) -> TrtBody:
-    """Parse one drain response; DecodeError when the body is not a JSON array."""
+def decode_body(body: bytes, *, keep_tokens: bool = False) -> TrtBody:
+    """Parse one drain response; DecodeError when the body is not a JSON array. `keep_tokens`
+    fills each Stored's token_ids (one int per token) and `unkeyed`."""
     try:
         raw = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -83,7 +86,7 @@ def decode_body(body: bytes) -> TrtBody:
             continue
         event = TrtEvent(event_id, rank, window, [])
         try:
-            _decode_data(item.get("data"), event)
+            _decode_data(item.get("data"), event, keep_tokens)
         except DecodeError as exc:
             event.events = []
             event.reason = exc.reason
@@ -91,7 +94,7 @@ def decode_body(body: bytes) -> TrtBody:
     return out
 
 
-def _decode_data(data: Any, event: TrtEvent) -> None:
+def _decode_data(data: Any, event: TrtEvent, keep_tokens: bool) -> None:
     if not isinstance(data, dict) or type(data.get("type")) is not str:
         raise DecodeError("schema", "event data has no type")
     kind = data["type"]
@@ -99,7 +102,7 @@ def _decode_data(data: Any, event: TrtEvent) -> None:
         event.created = True
         event.events.append(Cleared())
     elif kind == "stored":
-        event.events.extend(_stored(data))
+        event.events.extend(_stored(data, keep_tokens))
     elif kind == "removed":
         hashes = data.get("block_hashes")
         if not isinstance(hashes, list) or len(hashes) > MAX_BLOCKS:
@@ -119,7 +122,22 @@ def _decode_data(data: Any, event: TrtEvent) -> None:
         raise DecodeError("unknown_tag")
 
 
-def _stored(data: dict[str, Any]) -> list[EngineEvent]:
+def _token_ids(tokens: list[Any]) -> list[int] | None:
+    """The block's token ids; None when one is not a plain uint32 text token: a multimodal or
+    prompt-table token has a non-zero token_extra_id (its id alone does not name the content),
+    and the v2 cache manager may send string ids."""
+    out: list[int] = []
+    for token in tokens:
+        if not isinstance(token, dict):
+            return None
+        token_id = token.get("token_id")
+        if type(token_id) is not int or not 0 <= token_id < _U32 or token.get("token_extra_id", 0):
+            return None
+        out.append(token_id)
+    return out
+
+
+def _stored(data: dict[str, Any], keep_tokens: bool = False) -> list[EngineEvent]:
     """One `stored` event becomes one Stored per run of blocks on the same cache level."""
     parent_raw = data.get("parent_hash")
     parent = None if parent_raw is None else norm_hash(parent_raw)
@@ -142,8 +160,15 @@ def _stored(data: dict[str, Any]) -> list[EngineEvent]:
         if current is None or current.medium != medium:
             current = Stored([], parent, [], [], False, False, medium, [])
             runs.append(current)
+        if keep_tokens:
+            ids = _token_ids(tokens)
+            if ids is None:
+                current.unkeyed = (*current.unkeyed, len(current.hashes))
+                ids = [0] * len(tokens)
+            current.token_ids.extend(ids)
         current.hashes.append(block_hash)
         current.spans.append(len(tokens))
+        current.block_size = max(current.block_size, len(tokens))
         assert current.salts is not None
         current.salts.append(salt)
         parent = block_hash

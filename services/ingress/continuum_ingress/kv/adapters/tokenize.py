@@ -1,0 +1,72 @@
+"""Token ids from a backend's own `/tokenize` (vLLM, SGLang and the simulator serve it): precise
+mode without a local tokenizer.
+
+Chat requests use vLLM's chat form (`messages`, `add_generation_prompt: true`, the tools), so
+the engine applies its own chat template; completions use the prompt form. The call goes over
+the backend's pooled upstream client, bounded by the group's `tokenize_timeout_ms`; any failure
+raises TokenizeFailed and the scorer falls back to approximate keys for the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from continuum_ingress.adapters.h1 import UpstreamError
+from continuum_ingress.adapters.upstream import UpstreamClient
+from continuum_ingress.kv.groups import chat_messages
+from continuum_ingress.protocol.apis import Api
+
+MAX_TOKENS = 4_000_000  # an answer with more ids than this is refused (bounded memory)
+_HEADERS = [("content-type", "application/json"), ("accept", "application/json")]
+
+
+class TokenizeFailed(Exception):
+    """The backend's /tokenize did not give usable token ids."""
+
+
+def tokenize_body(api: Api, body: Mapping[str, Any], model: str) -> dict[str, Any]:
+    if api is Api.COMPLETIONS:
+        return {"model": model, "prompt": body.get("prompt", ""), "add_special_tokens": True}
+    out: dict[str, Any] = {"model": model, "messages": chat_messages(api, body), "add_generation_prompt": True}
+    if body.get("tools"):
+        out["tools"] = body["tools"]
+    if isinstance(body.get("chat_template_kwargs"), Mapping):
+        out["chat_template_kwargs"] = body["chat_template_kwargs"]
+    return out
+
+
+def parse_tokens(data: bytes) -> list[int]:
+    try:
+        answer = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise TokenizeFailed("the /tokenize answer is not JSON") from None
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS:
+        raise TokenizeFailed("the /tokenize answer has no usable token list")
+    if not all(type(t) is int and 0 <= t < 1 << 32 for t in tokens):
+        raise TokenizeFailed("the /tokenize answer has token ids out of range")
+    return tokens
+
+
+async def remote_tokens(
+    client: UpstreamClient, path: str, *, api: Api, body: Mapping[str, Any], model: str, timeout_s: float
+) -> list[int]:
+    content = orjson.dumps(tokenize_body(api, body, model))
+    try:
+        async with asyncio.timeout(timeout_s):
+            response = await client.pool.request("POST", path, _HEADERS, content, read_timeout=timeout_s)
+            try:
+                data = await response.read()
+            finally:
+                await response.aclose()
+    except TimeoutError:
+        raise TokenizeFailed("/tokenize timed out") from None
+    except UpstreamError as exc:
+        raise TokenizeFailed(f"/tokenize failed: {type(exc).__name__}") from None
+    if response.status != 200:
+        raise TokenizeFailed(f"/tokenize answered HTTP {response.status}")
+    return parse_tokens(data)

@@ -1,0 +1,340 @@
+"""KvSelector: Tier 4's routing decision for one request (docs/kv-scorer.md).
+
+For the candidates of an attempt it
+
+1. computes the request's keys in each candidate's match group (kv/groups.py): the engine's
+   block hashes (precise), text-chunk hashes (approximate) or the seed's prefix key;
+2. finds how much of the prompt each candidate holds as a leading prefix: the block index
+   (engine events) plus this router's speculative entries in precise mode, the route memory in
+   approximate mode, the prefix-key index in prefix_key mode;
+3. lets the scoring model choose (policy/kv_cost.py): the lowest estimated time to first token
+   under the CHWBL load bound (`cost`), or the seed's composite score (`seed`).
+
+After the attempt's backend is known (whether the scorer or the configured strategy chose it),
+`note()` records the request's keys against it (speculative / approximate entries), shares that
+with the other ingress replicas over NATS, and tells the pool how many uncached prompt tokens
+the backend now has to prefill.
+
+With `scoring: seed` and every candidate in prefix_key mode this is exactly the seed's scorer
+(KvOverlapScorer: prepare, score, threshold 0.3).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from continuum_common.config.router import RouterConfig
+from continuum_common.kvindex.types import KvIndexError
+from continuum_common.ring import RouteLabel
+from continuum_common.wire.decisions import KIND_APPROXIMATE, KIND_SPECULATIVE, Decision
+from continuum_ingress.kv.adapters.tokenize import TokenizeFailed, remote_tokens
+from continuum_ingress.kv.audit import TokenizerAudit
+from continuum_ingress.kv.block_reads import BlockReads
+from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, build_groups
+from continuum_ingress.kv.scorer import KvOverlapScorer
+from continuum_ingress.policy.kv_cost import (
+    CandidateLoad,
+    CostParams,
+    DecayingDemand,
+    Held,
+    KvChoice,
+    choose_by_cost,
+    choose_by_seed,
+)
+from continuum_ingress.policy.kv_scoring import Weights
+from continuum_ingress.policy.scorer import best_scored
+
+if TYPE_CHECKING:
+    from continuum_ingress.kv.metrics import KvScorerMetrics
+    from continuum_ingress.pool import BackendState
+    from continuum_ingress.snapshot import RouterSnapshot
+    from continuum_ingress.state import RequestState
+
+log = logging.getLogger("continuum.ingress.kv")
+
+EXTRAS_KEY = "kv"
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What decide() learnt about a request, for note()."""
+
+    keys: dict[str, RequestKeys]  # group name -> keys
+    prompt_tokens: int
+    held: dict[str, Held]
+    legacy: bool = False
+    # precise mode: leading blocks of the chain the block index confirms, per backend
+    indexed: dict[str, int] = field(default_factory=dict)
+
+
+class KvSelector:
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        prefix_scorer: KvOverlapScorer,
+        block_reads: BlockReads,
+        metrics: KvScorerMetrics,
+        replica: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        section = config.kv_cache_index
+        self.section = section
+        self.prefix_scorer = prefix_scorer
+        self.block_reads = block_reads
+        self.metrics = metrics
+        self.replica = replica
+        self.clock = clock
+        self.groups, self.group_of = build_groups(config)
+        self.model = section.scoring.model
+        self.weights = Weights.from_config(section.scoring)
+        self.params = CostParams.from_config(section.scoring.cost, config.prefix_routing.load_factor_epsilon)
+        self.demand = DecayingDemand(section.scoring.cost.demand_half_life_seconds)
+        self.share: Callable[[Decision], None] | None = None  # set once NATS is connected
+        self.share_decisions = section.share_decisions
+        self.kv_aware_by_backend: Counter[str] = Counter()
+        self.audits = {
+            g.name: TokenizerAudit(g, lambda group, result: metrics.tokenizer_audits.labels(group, result).inc())
+            for g in self.groups.values()
+            if g.encoder is not None
+        }
+        self.timeout_s = 0.1 + max(
+            (g.config.tokenize_timeout_ms / 1000 for g in self.groups.values() if g.config is not None), default=0.0
+        )
+
+    # ---- the decision ------------------------------------------------------------------------
+
+    async def decide(
+        self, state: RequestState, snapshot: RouterSnapshot, candidates: Sequence[BackendState]
+    ) -> KvChoice | None:
+        by_group: dict[str, list[BackendState]] = {}
+        for c in candidates:
+            group = self.group_of.get(c.name) or self.groups["*"]
+            by_group.setdefault(group.name, []).append(c)
+        if self.model == "seed" and all(self.groups[g].mode == "prefix_key" for g in by_group):
+            return await self._legacy(state, candidates)
+        plan = _Plan({}, 0, {})
+        state.extras[EXTRAS_KEY] = plan
+        for name, members in by_group.items():
+            group = self.groups[name]
+            keys = await self._keys(group, state, snapshot, members)
+            plan.keys[name] = keys
+            plan.prompt_tokens = max(plan.prompt_tokens, keys.prompt_tokens)
+            await self._held(group, keys, state, members, plan)
+        now = self.clock()
+        loads = [
+            CandidateLoad(
+                c.name, c.in_flight, c.queued_tokens, c.success_rate, self.demand.value(c.name, now), c.weight
+            )
+            for c in candidates
+        ]
+        if self.model == "seed":
+            return choose_by_seed(plan.prompt_tokens, loads, plan.held, self.weights)
+        return choose_by_cost(plan.prompt_tokens, loads, plan.held, self.params, _tie_key(plan.keys))
+
+    async def _keys(
+        self, group: GroupRuntime, state: RequestState, snapshot: RouterSnapshot, members: Sequence[BackendState]
+    ) -> RequestKeys:
+        started = time.perf_counter()
+        keys = await self._compute_keys(group, state, snapshot, members)
+        self.metrics.keys_seconds.labels(keys.mode).observe(time.perf_counter() - started)
+        if keys.fallback is not None:
+            self.metrics.precise_fallbacks.labels(group.name, keys.fallback).inc()
+        return keys
+
+    async def _compute_keys(
+        self, group: GroupRuntime, state: RequestState, snapshot: RouterSnapshot, members: Sequence[BackendState]
+    ) -> RequestKeys:
+        if group.mode == "approximate":
+            return group.approximate_keys(state)
+        if group.mode == "prefix_key":
+            return RequestKeys("prefix_key", (), 1.0, 0)
+        if group.precise_disabled is not None:
+            return group.approximate_keys(state, "disabled")
+        if group.encoder is not None:
+            try:
+                keys = group.local_keys(state)
+            except Exception as exc:  # TokenizationError, or anything the template raised
+                log.warning("local tokenizer failed for group %s: %s", group.name, type(exc).__name__)
+                return group.approximate_keys(state, "tokenizer_error")
+            audit = self.audits.get(group.name)
+            client = snapshot.clients.get(members[0].name)
+            if audit is not None and client is not None and audit.due():
+                audit.start(client, api=state.api, body=state.request.body, model=state.model, expected=keys.chain)
+            return keys
+        cfg = group.config
+        assert cfg is not None
+        client = snapshot.clients.get(members[0].name)
+        if client is None:
+            return group.approximate_keys(state, "tokenize_failed")
+        try:
+            tokens = await remote_tokens(
+                client,
+                cfg.tokenize_path,
+                api=state.api,
+                body=state.request.body,
+                model=state.model,
+                timeout_s=cfg.tokenize_timeout_ms / 1000,
+            )
+        except TokenizeFailed as exc:
+            log.debug("tokenize on %s failed: %s", members[0].name, exc)
+            return group.approximate_keys(state, "tokenize_failed")
+        return group.keys_from_tokens(state, tokens)
+
+    async def _held(
+        self, group: GroupRuntime, keys: RequestKeys, state: RequestState, members: Sequence[BackendState], plan: _Plan
+    ) -> None:
+        held = plan.held
+        names = [m.name for m in members]
+        now = self.clock()
+        prompt = keys.prompt_tokens
+        per_key = keys.tokens_per_key
+        if keys.mode == "approximate":
+            memory = group.fallback_memory if group.fallback_memory is not None else group.memory
+            for backend, n in memory.match(keys.chain, names, now).items():
+                tokens = min(prompt, round(n * per_key))
+                held[backend] = Held(tokens, tokens)
+            return
+        if keys.mode == "prefix_key":
+            await self._prefix_held(state, members, prompt, held)
+            return
+        try:
+            matches = await self.block_reads.match(keys.chain, names)
+        except KvIndexError:
+            self.metrics.block_read_errors.inc()
+            matches = {}
+        for backend in names:
+            m = matches.get(backend)
+            gpu = m.gpu_blocks if m is not None else 0
+            anyt = m.any_blocks if m is not None else 0
+            plan.indexed[backend] = anyt
+            # speculative entries continue what the engine already reported (see note())
+            spec = group.memory.extends(backend, keys.chain, anyt, now)
+            if spec > anyt:
+                held[backend] = Held(min(prompt, round(spec * per_key)), min(prompt, round(spec * per_key)), True)
+            elif anyt > 0:
+                held[backend] = Held(min(prompt, round(gpu * per_key)), min(prompt, round(anyt * per_key)))
+
+    async def _prefix_held(
+        self, state: RequestState, members: Sequence[BackendState], prompt: int, held: dict[str, Held]
+    ) -> None:
+        key = state.prefix_key
+        if key is None:
+            return
+        await self.prefix_scorer.prepare(key, members)
+        for h in self.prefix_scorer.holdings(key):
+            if h.speculative:
+                held[h.backend] = Held(prompt, prompt, True)
+            elif h.tier.value == "gpu_hot":
+                held[h.backend] = Held(h.token_count, h.token_count)
+            else:
+                held[h.backend] = Held(0, h.token_count)
+
+    async def _legacy(self, state: RequestState, candidates: Sequence[BackendState]) -> KvChoice | None:
+        """The seed's scorer on the prefix-key index, unchanged."""
+        state.extras[EXTRAS_KEY] = _Plan({}, 0, {}, legacy=True)
+        key = state.prefix_key
+        if key is None:
+            return None
+        await self.prefix_scorer.prepare(key, candidates)
+        best = best_scored(self.prefix_scorer, key, candidates)
+        if best is None:
+            return None
+        return KvChoice(best.backend, best.score, best.tier, 0, 0, False, best.score)
+
+    # ---- after the choice --------------------------------------------------------------------
+
+    def note(self, state: RequestState, backend: BackendState, kv_aware: bool) -> None:
+        """Record where the request went (the scorer's or the strategy's choice)."""
+        plan = state.extras.get(EXTRAS_KEY)
+        if not isinstance(plan, _Plan):
+            return
+        if kv_aware and not plan.legacy:
+            self.kv_aware_by_backend[backend.name] += 1
+        if state.prefix_key is not None and (plan.legacy or self._in_prefix_group(backend.name)):
+            # As the seed's scorer: provisional prefix entries after a KV-aware decision or a
+            # PrefixAwareHash one (prefix_hash / overflow); other strategies record nothing.
+            if kv_aware:
+                self.prefix_scorer.note_decision(state.prefix_key, backend.name, "kv_aware")
+            elif state.route_label in (RouteLabel.PREFIX_HASH, RouteLabel.OVERFLOW):
+                self.prefix_scorer.note_decision(state.prefix_key, backend.name, "prefix_hash")
+        group = self.group_of.get(backend.name) or self.groups["*"]
+        keys = plan.keys.get(group.name)
+        if keys is None or not keys.chain:
+            return
+        now = self.clock()
+        h = plan.held.get(backend.name)
+        recorded = keys.chain
+        if keys.mode == "precise":
+            # Only what the engine has not reported yet: the reported head is in the index.
+            recorded = keys.chain[plan.indexed.get(backend.name, 0) :]
+            group.memory.record(backend.name, recorded, now)
+            kind = KIND_SPECULATIVE
+        else:
+            memory = group.fallback_memory if group.fallback_memory is not None else group.memory
+            memory.record(backend.name, recorded, now)
+            kind = KIND_APPROXIMATE
+        fresh = max(0, plan.prompt_tokens - (h.any_tokens if h is not None else 0))
+        state.prefill_tokens = fresh
+        self.demand.add(backend.name, fresh, now)
+        if self.share is not None and self.share_decisions:
+            self.share(Decision(self.replica, group.name, backend.name, kind, time.time(), list(recorded), fresh))
+
+    def _in_prefix_group(self, backend: str) -> bool:
+        group = self.group_of.get(backend) or self.groups["*"]
+        return group.mode == "prefix_key"
+
+    def apply_remote(self, decision: Decision) -> None:
+        """A decision another replica made: record it as if it were ours."""
+        group = self.groups.get(decision.group)
+        if group is None or decision.backend not in self.group_of:
+            return
+        self.demand.add(decision.backend, decision.new_tokens, self.clock())
+        if decision.kind == KIND_SPECULATIVE and group.mode == "precise":
+            # the part of the chain the sender's (and so our) block index did not confirm yet
+            group.memory.record(decision.backend, decision.keys, self.clock())
+        elif decision.kind == KIND_APPROXIMATE:
+            memory = group.fallback_memory if group.fallback_memory is not None else group.memory
+            memory.record(decision.backend, decision.keys, self.clock())
+
+    def wipe(self, backend: str) -> None:
+        """The backend's engine lost its cache (cleared, restarted): forget what we recorded."""
+        group = self.group_of.get(backend)
+        if group is None:
+            return
+        group.memory.wipe(backend)
+        if group.fallback_memory is not None:
+            group.fallback_memory.wipe(backend)
+
+    async def aclose(self) -> None:
+        for audit in self.audits.values():
+            await audit.aclose()
+
+    def clear(self) -> None:
+        self.demand.clear()
+        for group in self.groups.values():
+            group.memory.clear()
+            if group.fallback_memory is not None:
+                group.fallback_memory.clear()
+
+    def recorded_entries(self) -> int:
+        total = 0
+        for group in self.groups.values():
+            total += len(group.memory)
+            if group.fallback_memory is not None:
+                total += len(group.fallback_memory)
+        return total
+
+
+def _tie_key(keys: dict[str, RequestKeys]) -> int:
+    """Spreads exact ties by the request's own keys: the deepest key of the first group (equal
+    conversations tie the same way, different ones spread)."""
+    for k in keys.values():
+        if k.chain:
+            return k.chain[-1] & 0xFFFF
+    return 0

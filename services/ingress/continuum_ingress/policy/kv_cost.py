@@ -1,0 +1,223 @@
+"""Which backend a request should go to, given how much of its prompt each backend already holds
+(pure; docs/kv-scorer.md, "The cost model").
+
+Input per candidate: the prompt tokens it holds as a leading prefix (`gpu_tokens` in GPU memory,
+`any_tokens` in GPU or a storage tier), its in-flight requests, and the uncached prompt tokens of
+requests this router sent it that have not produced a first byte yet (`queued_tokens`).
+
+`cost` (the default) estimates each candidate's time to first token:
+
+    new_tokens = prompt − gpu_tokens − (any_tokens − gpu_tokens) · (1 − storage_token_cost)
+    ttft       = (queued_tokens + new_tokens) / prefill_tokens_per_second + in_flight · per_request
+
+and takes the smallest, among the candidates under the CHWBL load bound
+`ceil((1 + ε) · (total in flight + 1) / candidates)`: cache affinity alone never pushes a backend
+beyond it. Exact ties go to a backend chosen by `tie_key` (a hash of the request's prefix), so
+equal candidates share new conversations evenly and deterministically.
+
+A request whose best candidate holds less than `affinity_threshold` of its prompt is new work
+(a new conversation that shares only a system prompt with others): it is *placed* instead, on
+the eligible candidate that was given the least new prompt recently (`demand`, decayed, per unit
+of weight), so conversations spread over every backend's cache rather than piling onto whoever
+holds their small shared head.
+
+`seed` is the seed's composite score over the same holdings (policy/kv_scoring.py's formula with
+raw_overlap = tokens held / most held by any candidate), deciding only above 0.3.
+
+Both return None when no candidate holds any of the prompt: the configured strategy then picks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from continuum_common.config.router import CostModel
+from continuum_ingress.policy.kv_scoring import Weights
+from continuum_ingress.policy.scorer import SCORER_THRESHOLD, HoldingTier
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateLoad:
+    name: str
+    in_flight: int
+    queued_tokens: int = 0
+    success_rate: float = 1.0
+    demand: float = 0.0  # new prompt tokens sent here recently (decayed)
+    weight: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What one candidate holds of the request's prompt, in tokens (leading prefix)."""
+
+    gpu_tokens: int = 0
+    any_tokens: int = 0
+    speculative: bool = False  # known only from this router's own recent decisions
+
+    @property
+    def tier(self) -> HoldingTier:
+        if self.gpu_tokens > 0:
+            return HoldingTier.GPU_HOT
+        if self.any_tokens > 0:
+            return HoldingTier.STORAGE_WARM
+        return HoldingTier.NONE
+
+
+NOTHING = Held()
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    prefill_tokens_per_second: float = 10_000.0
+    per_request_s: float = 0.002
+    storage_token_cost: float = 0.25
+    epsilon: float = 0.25
+    affinity_threshold: float = 0.3
+
+    @classmethod
+    def from_config(cls, cfg: CostModel, default_epsilon: float) -> CostParams:
+        return cls(
+            prefill_tokens_per_second=cfg.prefill_tokens_per_second,
+            per_request_s=cfg.per_request_ms / 1000.0,
+            storage_token_cost=cfg.storage_token_cost,
+            epsilon=cfg.load_factor_epsilon if cfg.load_factor_epsilon is not None else default_epsilon,
+            affinity_threshold=cfg.affinity_threshold,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KvChoice:
+    backend: str
+    score: float  # cost: estimated TTFT in seconds; seed: the composite score
+    tier: HoldingTier
+    held_tokens: int  # tokens of the prompt the chosen backend holds (GPU or storage)
+    new_tokens: int  # tokens it will have to prefill
+    speculative: bool
+    # What the overlap histogram records: the fraction of the prompt held (cost), or the
+    # composite score (seed).
+    overlap: float = 0.0
+    placed: bool = False  # new work placed for balance, not for its cached prefix
+
+
+def new_tokens(prompt_tokens: int, held: Held, params: CostParams) -> float:
+    gpu = min(held.gpu_tokens, prompt_tokens)
+    warm = max(0, min(held.any_tokens, prompt_tokens) - gpu)
+    return max(0.0, prompt_tokens - gpu - warm * (1.0 - params.storage_token_cost))
+
+
+def load_bound(candidates: Sequence[CandidateLoad], epsilon: float) -> int:
+    total = sum(c.in_flight for c in candidates)
+    return math.ceil((1.0 + epsilon) * (total + 1) / len(candidates))
+
+
+def choose_by_cost(
+    prompt_tokens: int,
+    candidates: Sequence[CandidateLoad],
+    held: dict[str, Held],
+    params: CostParams,
+    tie_key: int = 0,
+) -> KvChoice | None:
+    """The candidate with the lowest estimated time to first token under the load bound."""
+    if not candidates or not any(held.get(c.name, NOTHING).any_tokens > 0 for c in candidates):
+        return None
+    bound = load_bound(candidates, params.epsilon)
+    eligible = [c for c in candidates if c.in_flight < bound] or list(candidates)
+    most = max(min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates)
+    if prompt_tokens > 0 and most < params.affinity_threshold * prompt_tokens:
+        return _place(prompt_tokens, eligible, held, params, tie_key)
+    rate = params.prefill_tokens_per_second
+    best: tuple[float, int, CandidateLoad, float] | None = None
+    n = len(eligible)
+    for i, c in enumerate(eligible):
+        fresh = new_tokens(prompt_tokens, held.get(c.name, NOTHING), params)
+        ttft = (c.queued_tokens + fresh) / rate + c.in_flight * params.per_request_s
+        # Ties: rotate the start by tie_key so equal candidates split the traffic evenly.
+        rank = (i - tie_key) % n
+        if best is None or ttft < best[0] - 1e-12 or (abs(ttft - best[0]) <= 1e-12 and rank < best[1]):
+            best = (ttft, rank, c, fresh)
+    assert best is not None
+    ttft, _, chosen, fresh = best
+    h = held.get(chosen.name, NOTHING)
+    held_tokens = min(h.any_tokens, prompt_tokens)
+    return KvChoice(
+        chosen.name,
+        ttft,
+        h.tier,
+        held_tokens,
+        round(fresh),
+        h.speculative and h.any_tokens > 0,
+        held_tokens / prompt_tokens if prompt_tokens > 0 else 0.0,
+    )
+
+
+def _place(
+    prompt_tokens: int, eligible: Sequence[CandidateLoad], held: dict[str, Held], params: CostParams, tie_key: int
+) -> KvChoice:
+    """New work: the eligible candidate with the least recent demand per unit of weight."""
+    n = len(eligible)
+    best: tuple[float, int, CandidateLoad] | None = None
+    for i, c in enumerate(eligible):
+        load = (c.demand + c.queued_tokens) / max(c.weight, 1)
+        rank = (i - tie_key) % n
+        if best is None or load < best[0] - 1e-9 or (abs(load - best[0]) <= 1e-9 and rank < best[1]):
+            best = (load, rank, c)
+    assert best is not None
+    chosen = best[2]
+    h = held.get(chosen.name, NOTHING)
+    held_tokens = min(h.any_tokens, prompt_tokens)
+    fresh = round(new_tokens(prompt_tokens, h, params))
+    return KvChoice(chosen.name, 0.0, h.tier, held_tokens, fresh, False, held_tokens / prompt_tokens, placed=True)
+
+
+class DecayingDemand:
+    """New prompt tokens sent to each backend, decaying with a half-life (pure; the caller
+    passes the clock)."""
+
+    def __init__(self, half_life_s: float) -> None:
+        self.half_life_s = half_life_s
+        self._values: dict[str, tuple[float, float]] = {}  # backend -> (value, at)
+
+    def add(self, backend: str, tokens: float, now: float) -> None:
+        self._values[backend] = (self.value(backend, now) + tokens, now)
+
+    def value(self, backend: str, now: float) -> float:
+        entry = self._values.get(backend)
+        if entry is None:
+            return 0.0
+        value, at = entry
+        decayed: float = value * 0.5 ** (max(0.0, now - at) / self.half_life_s)
+        return decayed
+
+    def clear(self) -> None:
+        self._values.clear()
+
+
+def choose_by_seed(
+    prompt_tokens: int, candidates: Sequence[CandidateLoad], held: dict[str, Held], weights: Weights
+) -> KvChoice | None:
+    """The seed's composite score over token holdings (holders only; > 0.3 decides)."""
+    rows = [(c, held.get(c.name, NOTHING)) for c in candidates]
+    most = max((min(h.any_tokens, prompt_tokens) for _, h in rows), default=0)
+    if most <= 0:
+        return None
+    max_load = max((c.in_flight for c in candidates), default=0)
+    best: KvChoice | None = None
+    for c, h in rows:
+        held_tokens = min(h.any_tokens, prompt_tokens)
+        if held_tokens <= 0:
+            continue
+        gpu = h.gpu_tokens > 0
+        raw = held_tokens / most
+        overlap = raw * (weights.gpu_tier if gpu else weights.storage_tier)
+        if overlap < weights.min_overlap:
+            continue
+        load_ratio = c.in_flight / max_load if max_load > 0 else 0.0
+        health = min(max(c.success_rate, 0.0), 1.0)
+        score = weights.overlap * overlap + weights.load * (1.0 - load_ratio) + weights.health * health
+        if best is None or score > best.score:
+            best = KvChoice(c.name, score, h.tier, held_tokens, prompt_tokens - held_tokens, h.speculative, score)
+    if best is None or not best.score > SCORER_THRESHOLD:
+        return None
+    return best

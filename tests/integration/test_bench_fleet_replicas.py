@@ -1,0 +1,135 @@
+"""The fleet driver against several router replicas, and the engine-call tap, over real loopback
+HTTP: sim engines stand in for replicas (each is an OpenAI-compatible base URL), and the tap
+relays real streaming traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.compare import ROUTERS, compare, router
+from bench.fleet.harness import FleetContext
+from bench.fleet.runner import FleetBenchOptions, run_fleet_bench
+from bench.fleet.tap import EngineTap
+from continuum_sim import SimFleet
+
+
+async def test_requests_are_spread_over_replicas_round_robin(tmp_path: Path) -> None:
+    """Three "replicas" (engines here, so each one's /metrics shows what it got): the driver
+    takes them in turn per request, and the report counts requests per replica."""
+    async with SimFleet(3, time_scale=0.01) as fleet:
+        info = tmp_path / "fleet.json"
+        fleet.write_info(info)
+        opts = FleetBenchOptions(
+            router=",".join(fleet.urls), router_label="three", workload="shared-prompt", time_scale=0.01,
+            requests=12, rate=50, docs=2, doc_tokens=200, output_tokens=4, fleet_file=str(info),
+            progress=False, plot=False, wait_for_router=5, out_dir=str(tmp_path),
+        )  # fmt: skip
+        report, results = await run_fleet_bench(opts)
+    res = report["results"]
+    assert res["ok"] == 12
+    assert [r["requests"] for r in res["per_replica"]] == [4, 4, 4]
+    assert [r["url"] for r in res["per_replica"]] == [u + "/v1" for u in fleet.urls]
+    assert [e["requests"] for e in res["per_engine"]] == [4, 4, 4], "each replica really served its share"
+    assert sorted(r.replica for r in results if r.replica is not None) == sorted([0, 1, 2] * 4)
+
+
+async def test_one_unreachable_replica_fails_the_wait(tmp_path: Path) -> None:
+    async with SimFleet(1, time_scale=0.01) as fleet:
+        info = tmp_path / "fleet.json"
+        fleet.write_info(info)
+        opts = FleetBenchOptions(
+            router=f"{fleet.urls[0]},http://127.0.0.1:9", workload="shared-prompt", requests=2, docs=1,
+            doc_tokens=50, output_tokens=2, fleet_file=str(info), progress=False, plot=False, wait_for_router=1,
+        )  # fmt: skip
+        with pytest.raises(RuntimeError, match=r"127\.0\.0\.1:9/v1 did not answer"):
+            await run_fleet_bench(opts)
+
+
+async def test_tap_counts_calls_and_relays_streams_unchanged() -> None:
+    async with SimFleet(2, time_scale=0.01) as fleet, EngineTap(fleet.endpoints) as tap:
+        assert [e.name for e in tap.endpoints] == ["sim-0", "sim-1"]
+        assert all(t.url != e.url for t, e in zip(tap.endpoints, fleet.endpoints, strict=True))
+        body = {"model": "continuum-sim-8b", "prompt": "Tell me a story about routers.", "max_tokens": 8}
+        async with httpx.AsyncClient(timeout=10) as client:
+            direct = await client.post(fleet.urls[0] + "/v1/completions", json=body)
+            tapped = await client.post(tap.endpoints[0].url + "/v1/completions", json=body)
+            assert tapped.status_code == 200 and tapped.json()["choices"] == direct.json()["choices"]
+            # Streaming through the tap, several requests on one keep-alive connection.
+            for _ in range(3):
+                async with client.stream(
+                    "POST", tap.endpoints[1].url + "/v1/completions", json={**body, "stream": True}
+                ) as resp:
+                    lines = [line async for line in resp.aiter_lines() if line.startswith("data: ")]
+                assert lines[-1] == "data: [DONE]" and len(lines) >= 3
+            # A chunked request body (no Content-Length) is framed correctly too.
+            chunks = [b'{"model": "continuum-sim-8b", ', b'"prompt": "Hi", "max_tokens": 2}']
+
+            async def gen():  # type: ignore[no-untyped-def]
+                for c in chunks:
+                    yield c
+
+            resp = await client.post(
+                tap.endpoints[1].url + "/v1/completions?x=1",
+                content=gen(),
+                headers={"content-type": "application/json"},
+            )
+            assert resp.status_code == 200
+            tokenize = await client.post(tap.endpoints[0].url + "/tokenize", json={"prompt": "hello world"})
+            assert tokenize.json()["count"] >= 2
+            assert (await client.get(tap.endpoints[0].url + "/health")).status_code == 200
+        counts = tap.counts()
+        assert counts == {
+            "sim-0": {"POST /v1/completions": 1, "POST /tokenize": 1, "GET /health": 1},
+            "sim-1": {"POST /v1/completions": 4},
+        }
+        assert tap.totals()["POST /v1/completions"] == 5 and tap.errors == 0
+        tap.reset()
+        assert tap.totals() == {}
+
+
+async def test_tap_survives_garbage_and_keeps_serving() -> None:
+    async with SimFleet(1, time_scale=0.01) as fleet, EngineTap(fleet.endpoints) as tap:
+        port = int(tap.endpoints[0].url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b"", "the tap closes a connection it cannot frame"
+        writer.close()
+        await writer.wait_closed()
+        async with httpx.AsyncClient(timeout=5) as client:
+            assert (await client.get(tap.endpoints[0].url + "/health")).status_code == 200
+        assert tap.errors == 1 and tap.totals() == {"GET /health": 1}
+
+
+async def test_compare_spreads_over_replicas_and_counts_engine_calls(tmp_path: Path) -> None:
+    """A registered factory that yields two URLs (two "replicas" of a router — here the engines
+    themselves, reached through the tap): compare runs it, the driver alternates, and the
+    engine calls per request come out of the tap."""
+
+    @contextlib.asynccontextmanager
+    async def two(ctx: FleetContext) -> AsyncIterator[list[str]]:
+        yield [ctx.endpoints[0].url, ctx.endpoints[1].url]
+
+    router("test-two-replicas")(two)
+    try:
+        base = FleetBenchOptions(
+            engines=2, requests=10, rate=40.0, docs=2, doc_tokens=200, output_tokens=4, time_scale=0.05,
+            in_process=True, plot=False, progress=False, out_dir=str(tmp_path / "results"), command="test",
+        )  # fmt: skip
+        reports = await compare(
+            ["test-two-replicas"], ["shared-prompt"], base, tmp_path / "work", count_engine_calls=True
+        )
+    finally:
+        del ROUTERS["test-two-replicas"]
+    (report,) = reports
+    assert [r["requests"] for r in report["results"]["per_replica"]] == [5, 5]
+    calls = report["engine_calls"]
+    assert calls["routed_requests"] == 10
+    assert calls["by_route"] == {"POST /v1/chat/completions": 10}, "the reset and scrapes bypass the tap"
+    assert {name: c["POST /v1/chat/completions"] for name, c in calls["by_engine"].items()} == {"sim-0": 5, "sim-1": 5}

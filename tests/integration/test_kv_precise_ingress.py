@@ -1,0 +1,182 @@
+"""Precise matching inside a real ingress: a local tokenizer (a real byte-level BPE trained in
+the test), the engine's block hashes published as KV batches on a real nats-server into the
+embedded block index, stub upstreams over loopback HTTP. The ingress must recompute exactly the
+hashes the engine reports and route to the backend holding the longest prefix; every failure
+of the tokenizer path falls back to approximate keys and is counted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from continuum_common.hashing.blocks import make_block_hasher
+from continuum_common.procs import NatsServer
+from continuum_common.tokenization import LocalTokenizer
+from continuum_common.wire.kv import AllCleared, BlocksStored, KvBatch
+from continuum_ingress.testing.harness import RunningIngress, running_ingress, stub_backends
+from continuum_ingress.testing.upstream import running_stubs
+from continuum_sim.hf_tokenizer import TokenizerFiles, train_tokenizer
+from tests.indexer_harness import ensure_stream, publish_batches
+
+BLOCK = 16
+SYSTEM = "You are a meticulous assistant who answers questions about the attached report. " * 20
+
+
+@pytest.fixture(scope="module")
+def tokenizer_files(tmp_path_factory: pytest.TempPathFactory) -> TokenizerFiles:
+    return train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=1024)
+
+
+def config(stubs: Any, nats_url: str, files: TokenizerFiles | None, **group: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": "fleet", "models": ["m"], "mode": "precise", "engine": "vllm"}
+    spec.update(block_size=BLOCK, hash_seed="0", **group)
+    if files is not None:
+        spec.setdefault("tokenizer", str(files.tokenizer))
+        spec.setdefault("chat_template", str(files.chat_template))
+    return {
+        "backends": stub_backends(stubs),
+        "selection_strategy": "RoundRobin",
+        "prefix_routing": {"enabled": True},
+        "bus": {"embedded": False, "url": nats_url, "request_timeout_ms": 500},
+        "kv_cache_index": {"enabled": True, "backend": "memory", "groups": [spec]},
+    }
+
+
+@asynccontextmanager
+async def ingress(cfg: dict[str, Any]) -> AsyncIterator[tuple[RunningIngress, httpx.AsyncClient]]:
+    async with running_ingress(cfg) as ing, httpx.AsyncClient(base_url=ing.url, timeout=10) as c:
+        assert ing.app.kv is not None
+        async with asyncio.timeout(10):
+            await ing.app.kv.ready.wait()
+        yield ing, c
+
+
+def engine_hashes(files: TokenizerFiles, messages: list[dict[str, str]]) -> list[int]:
+    """What a vLLM engine with this tokenizer reports for the prompt (PYTHONHASHSEED=0)."""
+    tok = LocalTokenizer(files.tokenizer, chat_template=files.chat_template)
+    hasher = make_block_hasher("vllm", BLOCK, hash_seed="0", vllm_hash_algo="sha256_cbor")
+    ids = tok.encode(tok.render_chat(messages, add_generation_prompt=True), add_special_tokens=False)
+    return [hasher.wire(d) for d in hasher.chain(ids)]
+
+
+def sample(ing: RunningIngress, name: str, **labels: str) -> float:
+    return ing.app.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+def chat(messages: list[dict[str, str]]) -> dict[str, Any]:
+    return {"model": "m", "messages": messages}
+
+
+async def test_routes_to_the_backend_holding_the_engine_blocks(
+    nats_server: NatsServer, tokenizer_files: TokenizerFiles
+) -> None:
+    await ensure_stream(nats_server.url)
+    async with (
+        running_stubs("a", "b", "c") as stubs,
+        ingress(config(stubs, nats_server.url, tokenizer_files)) as (
+            ing,
+            c,
+        ),
+    ):
+        doc = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Summarise section two, please."}]
+        hashes = engine_hashes(tokenizer_files, doc)
+        assert len(hashes) > 20
+        # engine c reports the whole prompt, engine b only its first quarter
+        now = time.time()
+        await publish_batches(
+            nats_server.url,
+            [
+                KvBatch("c", 1, 1, now, [AllCleared(), BlocksStored(hashes, None, BLOCK, 0)]),
+                KvBatch("b", 1, 1, now, [AllCleared(), BlocksStored(hashes[: len(hashes) // 4], None, BLOCK, 0)]),
+            ],
+        )
+        blocks = ing.app.kv.embedded.blocks  # type: ignore[union-attr]
+        await eventually(lambda: blocks.match_nowait(hashes, ["c"])["c"].gpu_blocks == len(hashes))
+        for _ in range(3):  # RoundRobin alone would rotate a, b, c
+            r = await c.post("/v1/chat/completions", json=chat(doc))
+            assert r.status_code == 200 and r.headers["x-continuum-backend"] == "c"
+        assert sample(ing, "continuum_kv_index_routing_decisions_total", decision="kv_aware", tier="gpu_hot") == 3
+        assert sample(ing, "continuum_kv_request_keys_seconds_count", mode="precise") == 3
+        # the engine clears its cache: the index forgets it, the request goes to b's quarter
+        await publish_batches(nats_server.url, [KvBatch("c", 1, 2, time.time(), [AllCleared()])])
+        await eventually(lambda: blocks.match_nowait(hashes, ["c"])["c"].gpu_blocks == 0)
+        ing.app.kv.selector.wipe("c")  # what the generation watch does within a second  # type: ignore[union-attr]
+        r = await c.post("/v1/chat/completions", json=chat(doc))
+        assert r.headers["x-continuum-backend"] in ("a", "b")
+
+
+async def test_a_new_prompt_sticks_by_speculative_entries(
+    nats_server: NatsServer, tokenizer_files: TokenizerFiles
+) -> None:
+    async with (
+        running_stubs("a", "b", "c") as stubs,
+        ingress(config(stubs, nats_server.url, tokenizer_files)) as (
+            ing,
+            c,
+        ),
+    ):
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "A first question."}]
+        first = (await c.post("/v1/chat/completions", json=chat(messages))).headers["x-continuum-backend"]
+        # no engine event has arrived: the speculative entries keep the conversation together
+        for turn in range(3):
+            messages = [
+                *messages,
+                {"role": "assistant", "content": "An answer."},
+                {"role": "user", "content": f"Q{turn}"},
+            ]
+            r = await c.post("/v1/chat/completions", json=chat(messages))
+            assert r.headers["x-continuum-backend"] == first
+        assert sample(ing, "continuum_kv_index_routing_decisions_total", decision="kv_aware", tier="gpu_hot") == 3
+
+
+async def test_without_a_tokenizer_the_backends_tokenize_endpoint_is_used_and_failures_fall_back(
+    nats_server: NatsServer,
+) -> None:
+    async with running_stubs("a", "b") as stubs, ingress(config(stubs, nats_server.url, None)) as (ing, c):
+        # the stubs have no /tokenize: every request falls back to approximate keys, counted
+        for _ in range(2):
+            r = await c.post("/v1/chat/completions", json=chat([{"role": "user", "content": "hello " * 300}]))
+            assert r.status_code == 200
+        assert sample(ing, "continuum_kv_precise_fallbacks_total", group="fleet", reason="tokenize_failed") == 2
+        assert sample(ing, "continuum_kv_index_routing_decisions_total", decision="kv_aware", tier="gpu_hot") == 1
+
+
+async def test_an_unreadable_tokenizer_disables_precise_matching_but_serves(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    async with (
+        running_stubs("a", "b") as stubs,
+        ingress(config(stubs, nats_server.url, None, tokenizer=str(bad))) as (ing, c),
+    ):
+        r = await c.post("/v1/chat/completions", json=chat([{"role": "user", "content": "hi " * 200}]))
+        assert r.status_code == 200
+        assert sample(ing, "continuum_kv_precise_fallbacks_total", group="fleet", reason="disabled") == 1
+
+
+async def test_the_tokenizer_audit_turns_precise_matching_off_when_the_engine_disagrees(
+    nats_server: NatsServer, tokenizer_files: TokenizerFiles
+) -> None:
+    async with running_stubs("a") as stubs, ingress(config(stubs, nats_server.url, tokenizer_files)) as (ing, c):
+        kv = ing.app.kv
+        assert kv is not None
+        audit = kv.selector.audits["fleet"]
+        audit.every = 1  # check every request
+        # the stub answers /tokenize with 404: audits count errors, precise stays on
+        await c.post("/v1/chat/completions", json=chat([{"role": "user", "content": "x " * 100}]))
+        await eventually(lambda: sample(ing, "continuum_kv_tokenizer_audits_total", group="fleet", result="error") >= 1)
+        assert kv.selector.groups["fleet"].precise_disabled is None

@@ -1,0 +1,129 @@
+"""The Tier 4 selector inside a real ingress (stub upstreams over loopback HTTP, a real
+nats-server): approximate matching keeps a growing conversation on one backend, the cost model
+spreads new conversations, several replicas share their decisions over NATS, and the prefill
+queue is released after every request."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import httpx
+
+from continuum_common.procs import NatsServer
+from continuum_ingress.testing.harness import RunningIngress, running_ingress, stub_backends
+from continuum_ingress.testing.upstream import running_stubs
+
+SYSTEM = "You are a careful assistant. " * 40  # ~1.1 KB shared by every conversation
+
+
+def kv_config(stubs: Any, nats_url: str, **kv: Any) -> dict[str, Any]:
+    return {
+        "backends": stub_backends(stubs),
+        "selection_strategy": "RoundRobin",
+        "prefix_routing": {"enabled": True},
+        "bus": {"embedded": False, "url": nats_url, "request_timeout_ms": 500},
+        "kv_cache_index": {"enabled": True, "backend": "memory", **kv},
+    }
+
+
+@asynccontextmanager
+async def ingresses(cfg: dict[str, Any], n: int) -> AsyncIterator[list[tuple[RunningIngress, httpx.AsyncClient]]]:
+    async with AsyncExitStack() as stack:
+        out = []
+        for _ in range(n):
+            ing = await stack.enter_async_context(running_ingress(cfg))
+            client = await stack.enter_async_context(httpx.AsyncClient(base_url=ing.url, timeout=10))
+            assert ing.app.kv is not None
+            async with asyncio.timeout(10):
+                await ing.app.kv.ready.wait()
+            out.append((ing, client))
+        yield out
+
+
+class Conversation:
+    def __init__(self, name: str) -> None:
+        self.messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+        self.name = name
+        self.turn = 0
+
+    def next_body(self) -> dict[str, Any]:
+        self.turn += 1
+        # the first message is long (a pasted document), so the shared system prompt is a small
+        # part of the first request: new work, placed for balance
+        words = ("why? " * 60) if self.turn > 1 else (f"{self.name} pastes a document: " + "lorem ipsum " * 400)
+        self.messages.append({"role": "user", "content": f"{self.name} asks question {self.turn}: " + words})
+        return {"model": "m", "messages": list(self.messages)}
+
+    def answered(self, text: str) -> None:
+        self.messages.append({"role": "assistant", "content": text})
+
+
+async def send(c: httpx.AsyncClient, conv: Conversation) -> str:
+    r = await c.post("/v1/chat/completions", json=conv.next_body())
+    assert r.status_code == 200, r.text
+    conv.answered(r.json()["choices"][0]["message"]["content"] + " " + "detail " * 40)
+    return r.headers["x-continuum-backend"]
+
+
+def sample(ing: RunningIngress, name: str, **labels: str) -> float:
+    return ing.app.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_growing_conversation_stays_on_one_backend(nats_server: NatsServer) -> None:
+    async with running_stubs("a", "b", "c") as stubs, ingresses(kv_config(stubs, nats_server.url), 1) as [(ing, c)]:
+        conv = Conversation("alice")
+        first = await send(c, conv)
+        # RoundRobin alone would rotate over a, b, c; the approximate records keep it where it was
+        for _ in range(5):
+            assert await send(c, conv) == first
+        assert sample(ing, "continuum_kv_index_routing_decisions_total", decision="kv_aware", tier="gpu_hot") == 5
+        pool = ing.app.pool
+        assert all(b.queued_tokens == 0 and b.in_flight == 0 for b in pool.states())
+
+
+async def test_new_conversations_spread_and_each_sticks(nats_server: NatsServer) -> None:
+    async with running_stubs("a", "b", "c") as stubs, ingresses(kv_config(stubs, nats_server.url), 1) as [(ing, c)]:
+        convs = [Conversation(f"user{i}") for i in range(6)]
+        homes = [await send(c, conv) for conv in convs]
+        # every conversation shares the system prompt, but it is a small part of each first
+        # request: they are placed where the least new prompt went, so they spread evenly
+        assert sorted(homes.count(b) for b in "abc") == [2, 2, 2]
+        placed = sum(
+            sample(ing, "continuum_kv_index_routing_decisions_total", decision="placed", tier=t)
+            for t in ("gpu_hot", "none")
+        )
+        assert placed == 5  # the first went by the strategy: nothing was held anywhere yet
+        for _ in range(3):
+            for conv, home in zip(convs, homes, strict=True):
+                assert await send(c, conv) == home
+
+
+async def test_replicas_share_their_decisions(nats_server: NatsServer) -> None:
+    async with running_stubs("a", "b", "c") as stubs, ingresses(kv_config(stubs, nats_server.url), 2) as pair:
+        (ing_a, a), (ing_b, b) = pair
+        conv = Conversation("bob")
+        home = await send(a, conv)
+        await eventually(lambda: sample(ing_b, "continuum_kv_decisions_shared_total", direction="received") >= 1)
+        assert await send(b, conv) == home  # replica b learnt where replica a sent the conversation
+        await eventually(lambda: sample(ing_a, "continuum_kv_decisions_shared_total", direction="received") >= 1)
+        assert await send(a, conv) == home
+
+
+async def test_replicas_do_not_share_when_told_not_to(nats_server: NatsServer) -> None:
+    cfg_stubs = ("a", "b", "c")
+    async with running_stubs(*cfg_stubs) as stubs:
+        cfg = kv_config(stubs, nats_server.url, share_decisions=False)
+        async with ingresses(cfg, 2) as [(ing_a, a), (ing_b, _)]:
+            await send(a, Conversation("carol"))
+            await asyncio.sleep(0.3)
+            assert sample(ing_b, "continuum_kv_decisions_shared_total", direction="received") == 0
+            assert sample(ing_a, "continuum_kv_decisions_shared_total", direction="sent") == 0

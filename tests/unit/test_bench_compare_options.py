@@ -1,0 +1,214 @@
+"""`bench compare` / `bench fleet` option plumbing, the Continuum router configurations it
+writes (validated against the committed schema), and the tokenizer codecs (pure)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as HfTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from bench import compare
+from bench.fleet import cli as fleet_cli
+from bench.fleet.continuum import STACKS, KvStack, kv_index_config, listener_config
+from bench.fleet.harness import ROUTERS, FleetContext, router_urls
+from bench.fleet.runner import FleetBenchOptions, build_workload, engine_configs, router_list
+from bench.fleet.tokens import BuiltinCodec, HfCodec, HfTokenizerFiles, Texts, make_codec
+from continuum_common.config.listener import ListenerSource
+from continuum_common.config.loader import parse
+from continuum_common.config.router import RouterConfig
+from continuum_sim import EngineEndpoints, Tokenizer, render_chat
+from continuum_sim.protocol.chat_template import ChatMessage
+
+
+def engine(i: int) -> EngineEndpoints:
+    return EngineEndpoints(
+        name=f"sim-{i}", model="continuum-sim-8b", url=f"http://127.0.0.1:{8100 + i}",
+        kv_events_endpoint=f"tcp://127.0.0.1:{5600 + 2 * i}", zmq_mode="bind",
+        replay_endpoint=f"tcp://127.0.0.1:{5601 + 2 * i}", topic="", era="map", hash_wire="int",
+        block_size=16, num_gpu_blocks=1500, python_hash_seed="0",
+    )  # fmt: skip
+
+
+def test_compare_parses_trace_tokenizer_and_engine_options() -> None:
+    argv = [
+        "--workloads", "trace,conversations", "--trace", "/tmp/t.jsonl", "--trace-duration", "600",
+        "--trace-limit", "50", "--max-model-len", "32768", "--block-size", "32", "--tokenizer", "hf",
+        "--num-gpu-blocks", "9000", "--duration", "300", "--rate", "1.5", "--count-engine-calls",
+    ]  # fmt: skip
+    args = compare.build_parser().parse_args(argv)
+    opts = compare.options(args, argv)
+    assert (opts.trace, opts.trace_duration, opts.trace_limit) == ("/tmp/t.jsonl", 600.0, 50)
+    assert (opts.max_model_len, opts.block_size, opts.num_gpu_blocks, opts.tokenizer) == (32768, 32, 9000, "hf")
+    assert (opts.duration, opts.rate) == (300.0, 1.5)
+    assert args.count_engine_calls is True
+    assert opts.command.startswith("continuum-router bench compare --workloads trace,conversations")
+
+
+def test_compare_refuses_unknown_names_and_missing_traces(capsys: pytest.CaptureFixture[str]) -> None:
+    assert compare.main(["--routers", "nope"]) == 2
+    assert "unknown router(s) nope" in capsys.readouterr().err
+    assert compare.main(["--workloads", "bogus"]) == 2
+    assert "unknown workload(s) bogus" in capsys.readouterr().err
+    assert compare.main(["--workloads", "trace", "--trace", "/nonexistent/trace.jsonl"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_compare_lists_every_registered_router(capsys: pytest.CaptureFixture[str]) -> None:
+    assert compare.main(["--list"]) == 0
+    listed = capsys.readouterr().out.split()
+    for name in ("continuum-prefix-hash-kv", "continuum-kv-approx", "continuum-kv-precise", "continuum-kv-precise-redis",
+                 "continuum-kv-precise-x3", "continuum-kv-approx-x3", "direct-round-robin"):  # fmt: skip
+        assert name in listed and name in ROUTERS
+
+
+def test_fleet_cli_parses_the_new_options() -> None:
+    argv = ["--workload", "conversations", "--duration", "120", "--tokenizer", "hf", "--trace-limit", "9"]
+    args = fleet_cli.build_parser().parse_args([*argv, "--router", "http://a:1,http://b:2"])
+    assert (args.workload, args.duration, args.tokenizer, args.trace_limit) == ("conversations", 120.0, "hf", 9)
+    opts = FleetBenchOptions(router=args.router)
+    assert router_list(opts.router) == ["http://a:1", "http://b:2"]
+    assert opts.label == "a:1,b:2"
+
+
+def test_router_urls_normalises_a_factory_yield() -> None:
+    assert router_urls("http://x") == ["http://x"]
+    assert router_urls(["http://x", "http://y"]) == ["http://x", "http://y"]
+    with pytest.raises(ValueError):
+        router_urls([])
+
+
+def test_engine_configs_carry_the_hf_tokenizer_only_when_asked(tmp_path: Path) -> None:
+    opts = FleetBenchOptions(engines=2, max_model_len=8192, num_gpu_blocks=600)
+    configs = engine_configs(opts)
+    assert [c.max_model_len for c in configs] == [8192, 8192]
+    assert all(not hasattr(c, "tokenizer") or c.tokenizer is None for c in configs)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="trained tokenizer"):
+        engine_configs(replace(opts, tokenizer="hf"))
+
+
+def test_build_workload_knows_conversations() -> None:
+    texts = Texts(BuiltinCodec())
+    opts = FleetBenchOptions(workload="conversations", duration=60, rate=1.0, system_prompts=3, max_model_len=16384)
+    workload = build_workload(opts, texts)
+    info = workload.describe()
+    assert info["workload"] == "conversations" and info["duration"] == 60 and info["max_model_len"] == 16384
+    assert info["shape"]["rate"] == 1.0 and info["shape"]["system_prompts"] == 3
+    with pytest.raises(ValueError, match="unknown workload"):
+        build_workload(replace(opts, workload="nope"), texts)
+
+
+def _ctx(tmp_path: Path, files: HfTokenizerFiles | None = None) -> FleetContext:
+    return FleetContext([engine(0), engine(1)], tmp_path, FleetBenchOptions(), hf_tokenizer=files)
+
+
+def _router_config(ctx: FleetContext, stack: KvStack) -> RouterConfig:
+    from bench.fleet.continuum import continuum_config
+
+    doc = continuum_config(ctx, "PrefixAwareHash", prefix_routing=True)
+    doc["kv_cache_index"] = kv_index_config(ctx, stack, "/tmp/salt")
+    if stack.backend == "redis":
+        doc["redis"] = {"url": "redis://127.0.0.1:6390"}
+    return parse(RouterConfig, doc)
+
+
+@pytest.mark.parametrize(("name", "stack"), STACKS)
+def test_kv_router_configs_validate_against_the_schema(name: str, stack: KvStack, tmp_path: Path) -> None:
+    config = _router_config(_ctx(tmp_path), stack)
+    index = config.kv_cache_index
+    assert index.enabled and index.backend == stack.backend
+    if stack.mode == "prefix_key":
+        assert index.default_mode == "prefix_key" and index.scoring.model == "seed" and index.salt_echo.enabled
+    elif stack.mode == "approximate":
+        assert index.default_mode == "approximate" and not index.groups
+    else:
+        (group,) = index.groups
+        assert (group.mode, group.engine, group.block_size, group.hash_seed) == ("precise", "vllm", 16, "0")
+        assert group.models == ["continuum-sim-8b"] and group.tokenizer is None and group.chat_template is None
+        assert config.match_group_of("sim-1") is group
+    assert stack.replicas == (3 if name.endswith("-x3") else 1)
+
+
+def test_precise_group_names_the_hf_tokenizer_files(tmp_path: Path) -> None:
+    files = HfTokenizerFiles(tmp_path / "tokenizer.json", tmp_path / "chat_template.jinja")
+    stack = dict(STACKS)["continuum-kv-precise"]
+    (group,) = _router_config(_ctx(tmp_path, files), stack).kv_cache_index.groups
+    assert group.tokenizer == str(files.tokenizer) and group.chat_template == str(files.chat_template)
+
+
+def test_listener_sources_publish_what_the_stack_matches(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    blocks = listener_config(ctx, dict(STACKS)["continuum-kv-precise"], "nats://127.0.0.1:4999", "/tmp/salt")
+    assert [s["publish"] for s in blocks["sources"]] == ["blocks", "blocks"]
+    assert blocks["bus"] == {"embedded": False, "url": "nats://127.0.0.1:4999"}
+    prefix = listener_config(ctx, dict(STACKS)["continuum-prefix-hash-kv"], "nats://127.0.0.1:4999", "/tmp/salt")
+    for source in prefix["sources"]:
+        assert source["prefix_key_mode"] == "auto"
+        assert source.get("publish", "prefix") == "prefix"
+        assert ("publish" in source) == ("publish" in ListenerSource.model_fields)
+
+
+# -- codecs --------------------------------------------------------------------------------
+
+
+def test_builtin_codec_matches_the_engine() -> None:
+    codec = make_codec("builtin")
+    tok = Tokenizer()
+    messages = [ChatMessage("system", "You are terse."), ChatMessage("user", "Hello there, engine.")]
+    assert codec.chat_ids(messages) == tok.encode(render_chat(messages))
+    text = Texts(codec).text(300, random.Random(5))
+    assert len(codec.encode(text)) == 300 and codec.decode(codec.encode(text)) == text
+
+
+@pytest.fixture(scope="module")
+def hf_files(tmp_path_factory: pytest.TempPathFactory) -> HfTokenizerFiles:
+    """A tiny byte-level BPE tokenizer and a ChatML template, trained here (no download)."""
+    out = tmp_path_factory.mktemp("hf")
+    tok = HfTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    texts = Texts(BuiltinCodec())
+    tok.train_from_iterator([texts.text(200, random.Random(i)) for i in range(50)], trainer)
+    tok.save(str(out / "tokenizer.json"))
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    (out / "chat_template.jinja").write_text(template)
+    return HfTokenizerFiles(out / "tokenizer.json", out / "chat_template.jinja")
+
+
+def test_hf_codec_renders_chatml_and_tokenizes_without_added_specials(hf_files: HfTokenizerFiles) -> None:
+    codec = HfCodec(hf_files)
+    messages = [ChatMessage("system", "Be brief."), ChatMessage("user", "Why is the sky blue?")]
+    rendered = codec.render(messages)
+    assert rendered == render_chat(messages), "the same ChatML text as the simulator's template"
+    ids = codec.chat_ids(messages)
+    raw = HfTokenizer.from_file(str(hf_files.tokenizer))
+    assert ids == raw.encode(rendered, add_special_tokens=False).ids
+    assert ids[0] == raw.token_to_id("<|im_start|>"), "special tokens in the template text are single tokens"
+    assert codec.decode(ids) == rendered
+
+
+def test_texts_cut_to_the_hf_token_count(hf_files: HfTokenizerFiles) -> None:
+    texts = Texts(HfCodec(hf_files))
+    for count in (1, 37, 512, 2000):
+        text = texts.text(count, random.Random(count))
+        assert abs(len(texts.codec.encode(text)) - count) <= 2
+    a = texts.text(500, random.Random(9), leading_space=True)
+    assert a == texts.text(500, random.Random(9), leading_space=True), "deterministic"
+    assert a.startswith(" ")
+
+
+def test_make_codec_needs_files_for_hf() -> None:
+    with pytest.raises(ValueError, match="tokenizer files"):
+        make_codec("hf")
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        make_codec("sentencepiece")

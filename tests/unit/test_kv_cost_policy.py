@@ -1,0 +1,139 @@
+"""The cost model and the seed formula over token holdings (policy/kv_cost.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from continuum_ingress.policy.kv_cost import (
+    CandidateLoad,
+    CostParams,
+    DecayingDemand,
+    Held,
+    choose_by_cost,
+    choose_by_seed,
+    load_bound,
+    new_tokens,
+)
+from continuum_ingress.policy.kv_scoring import Weights
+from continuum_ingress.policy.scorer import HoldingTier
+
+P = CostParams(prefill_tokens_per_second=10_000, per_request_s=0.002, storage_token_cost=0.25, epsilon=0.25)
+
+
+def loads(*in_flight: int, queued: tuple[int, ...] = ()) -> list[CandidateLoad]:
+    q = queued or (0,) * len(in_flight)
+    return [CandidateLoad(f"b{i}", n, q[i]) for i, n in enumerate(in_flight)]
+
+
+def test_nothing_held_anywhere_declines() -> None:
+    assert choose_by_cost(1000, loads(0, 0), {}, P) is None
+    assert choose_by_seed(1000, loads(0, 0), {}, Weights()) is None
+
+
+def test_longest_prefix_wins_at_equal_load() -> None:
+    held = {"b0": Held(200, 200), "b1": Held(900, 900)}
+    choice = choose_by_cost(1000, loads(1, 1), held, P)
+    assert choice is not None and choice.backend == "b1"
+    assert choice.held_tokens == 900 and choice.new_tokens == 100 and choice.tier is HoldingTier.GPU_HOT
+    assert choice.overlap == pytest.approx(0.9)
+
+
+def test_a_long_prefill_queue_outweighs_a_small_cache_advantage() -> None:
+    # b1 holds 300 more tokens but has 5,000 queued prefill tokens ahead of the request.
+    held = {"b0": Held(500, 500), "b1": Held(800, 800)}
+    choice = choose_by_cost(1000, loads(1, 1, queued=(0, 5000)), held, P)
+    assert choice is not None and choice.backend == "b0"
+
+
+def test_the_load_bound_caps_affinity() -> None:
+    # 4 candidates, 8 in flight: bound = ceil(1.25 * 9 / 4) = 3; b0 holds everything but has 5.
+    held = {"b0": Held(10_000, 10_000)}
+    cands = loads(5, 1, 1, 1)
+    assert load_bound(cands, 0.25) == 3
+    choice = choose_by_cost(10_000, cands, held, P)
+    assert choice is not None and choice.backend != "b0"
+
+
+def test_storage_tokens_count_partly() -> None:
+    assert new_tokens(1000, Held(0, 800), P) == pytest.approx(1000 - 800 * 0.75)
+    held = {"b0": Held(0, 800), "b1": Held(500, 500)}
+    choice = choose_by_cost(1000, loads(0, 0), held, P)
+    # b0: 1000 - 600 = 400 new tokens; b1: 500 new tokens
+    assert choice is not None and choice.backend == "b0" and choice.tier is HoldingTier.STORAGE_WARM
+
+
+def test_ties_are_spread_by_the_tie_key() -> None:
+    held = {f"b{i}": Held(100, 100) for i in range(4)}
+    chosen = {choose_by_cost(1000, loads(0, 0, 0, 0), held, P, tie_key=k).backend for k in range(8)}  # type: ignore[union-attr]
+    assert chosen == {"b0", "b1", "b2", "b3"}
+
+
+@given(
+    st.lists(st.integers(0, 20), min_size=1, max_size=8),
+    st.lists(st.integers(0, 5000), min_size=8, max_size=8),
+    st.integers(1, 20_000),
+)
+def test_never_beyond_the_bound_while_someone_is_under_it(
+    in_flight: list[int], held_tokens: list[int], prompt: int
+) -> None:
+    cands = loads(*in_flight)
+    held = {c.name: Held(h, h) for c, h in zip(cands, held_tokens, strict=False)}
+    choice = choose_by_cost(prompt, cands, held, P)
+    if choice is None:
+        assert all(h == 0 for h in held_tokens[: len(cands)])
+        return
+    bound = load_bound(cands, P.epsilon)
+    picked = next(c for c in cands if c.name == choice.backend)
+    assert picked.in_flight < bound or all(c.in_flight >= bound for c in cands)
+
+
+def test_seed_formula_on_holdings() -> None:
+    w = Weights()
+    held = {"b0": Held(100, 100), "b1": Held(1000, 1000)}
+    choice = choose_by_seed(1000, loads(0, 0), held, w)
+    assert choice is not None and choice.backend == "b1"
+    # b0's overlap is 0.1 < min_overlap 0.3: only holders above the threshold score
+    assert choice.score == pytest.approx(0.6 * 1.0 + 0.3 * 1.0 + 0.1 * 1.0)
+    # a holder always wins over load under the seed's weights, however loaded it is
+    busy = choose_by_seed(1000, loads(0, 50), held, w)
+    assert busy is not None and busy.backend == "b1"
+
+
+def test_new_work_is_placed_by_recent_demand_per_weight() -> None:
+    # Only b0 holds the shared head (10% of the prompt): below the affinity threshold.
+    held = {"b0": Held(100, 100)}
+    cands = [
+        CandidateLoad("b0", 0, demand=5000),
+        CandidateLoad("b1", 0, demand=3000),
+        CandidateLoad("b2", 0, demand=900),
+    ]
+    choice = choose_by_cost(1000, cands, held, P)
+    assert choice is not None and choice.placed and choice.backend == "b2" and choice.tier is HoldingTier.NONE
+    # weight 4 = a backend four times the size: its demand counts a quarter
+    cands[0] = CandidateLoad("b0", 0, demand=3000, weight=4)
+    choice = choose_by_cost(1000, cands, held, P)
+    assert choice is not None and choice.backend == "b0" and choice.tier is HoldingTier.GPU_HOT
+    # above the threshold the cache decides, not the demand
+    held = {"b0": Held(400, 400)}
+    choice = choose_by_cost(1000, cands, held, P)
+    assert choice is not None and not choice.placed and choice.backend == "b0"
+
+
+def test_placement_respects_the_load_bound() -> None:
+    held = {"b0": Held(10, 10)}
+    cands = [CandidateLoad("b0", 6, demand=0), CandidateLoad("b1", 1, demand=9000), CandidateLoad("b2", 1, demand=9000)]
+    choice = choose_by_cost(1000, cands, held, P)
+    assert choice is not None and choice.placed and choice.backend != "b0"
+
+
+def test_decaying_demand() -> None:
+    demand = DecayingDemand(half_life_s=10.0)
+    demand.add("a", 1000, now=0.0)
+    assert demand.value("a", 10.0) == pytest.approx(500)
+    demand.add("a", 500, now=10.0)
+    assert demand.value("a", 20.0) == pytest.approx(500)
+    assert demand.value("b", 20.0) == 0.0
+    demand.clear()
+    assert demand.value("a", 20.0) == 0.0

@@ -1,0 +1,106 @@
+"""RouteMemory (kv/route_memory.py) and the approximate text chunks (kv/chunks.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from continuum_ingress.kv.chunks import chunk_chain, conversation_bytes
+from continuum_ingress.kv.route_memory import RouteMemory
+from continuum_ingress.protocol.apis import Api
+
+
+def test_records_match_as_a_leading_prefix() -> None:
+    memory = RouteMemory(10.0)
+    memory.record("a", [1, 2, 3, 4], now=0.0)
+    memory.record("b", [1, 2, 9], now=0.0)
+    assert memory.match([1, 2, 3, 4, 5], ["a", "b", "c"], now=1.0) == {"a": 4, "b": 2}
+    assert memory.match([7, 8, 9], ["a", "b"], now=1.0) == {}  # chained keys: another root, other keys
+
+
+def test_entries_expire() -> None:
+    memory = RouteMemory(10.0)
+    memory.record("a", [1, 2, 3], now=0.0)
+    memory.record("a", [1, 2], now=5.0)  # the head refreshed later than the tail
+    assert memory.match([1, 2, 3], ["a"], now=9.0) == {"a": 3}
+    assert memory.match([1, 2, 3], ["a"], now=12.0) == {"a": 2}
+    assert memory.match([1, 2, 3], ["a"], now=16.0) == {}
+
+
+def test_capacity_drops_the_least_recently_routed_tail_first() -> None:
+    memory = RouteMemory(100.0, capacity=5)
+    memory.record("a", [1, 2, 3, 4], now=0.0)
+    memory.record("a", [1, 7, 8], now=1.0)  # 1 refreshed; 2, 3, 4 are now the oldest
+    assert memory.entries("a") == 5
+    assert memory.match([1, 2, 3, 4], ["a"], now=2.0) == {"a": 3}  # 4 (the oldest tail) went first
+    assert memory.match([1, 7, 8], ["a"], now=2.0) == {"a": 3}
+
+
+def test_wipe_and_disabled() -> None:
+    memory = RouteMemory(10.0)
+    memory.record("a", [1, 2], now=0.0)
+    memory.wipe("a")
+    assert memory.match([1, 2], ["a"], now=0.0) == {}
+    off = RouteMemory(0.0)
+    off.record("a", [1], now=0.0)
+    assert len(off) == 0
+
+
+@given(st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=6), min_size=1, max_size=20))
+def test_binary_search_equals_a_walk_for_recorded_chains(chains: list[list[int]]) -> None:
+    # Chains are built as prefix trees (like conversations): chain keys = the path of values.
+    memory = RouteMemory(1e9)
+    recorded = []
+    for i, values in enumerate(chains):
+        keys = [hash(tuple(values[: j + 1])) for j in range(len(values))]
+        memory.record("a", keys, now=float(i))
+        recorded.append(keys)
+    held = set()
+    for keys in recorded:
+        held.update(keys)
+    for keys in recorded:
+        walk = 0
+        for k in keys:
+            if k not in held:
+                break
+            walk += 1
+        assert memory.match(keys, ["a"], now=1.0) == {"a": walk}
+
+
+def test_chunk_chains_share_exactly_the_common_prefix() -> None:
+    base = {"messages": [{"role": "system", "content": "s" * 1000}, {"role": "user", "content": "hello " * 50}]}
+    turn2 = {
+        "messages": [
+            *base["messages"],
+            {"role": "assistant", "content": "x" * 300},
+            {"role": "user", "content": "more"},
+        ]
+    }
+    a = chunk_chain(conversation_bytes(Api.CHAT, base), 256)
+    b = chunk_chain(conversation_bytes(Api.CHAT, turn2), 256)
+    assert len(a) == len(conversation_bytes(Api.CHAT, base)) // 256
+    assert b[: len(a)] == a and len(b) > len(a)
+    other = {"messages": [{"role": "system", "content": "t" + "s" * 999}]}
+    assert chunk_chain(conversation_bytes(Api.CHAT, other), 256)[0] != a[0]
+
+
+def test_conversation_bytes_of_each_api() -> None:
+    assert conversation_bytes(Api.COMPLETIONS, {"prompt": "abc"}) == b"abc"
+    assert len(conversation_bytes(Api.COMPLETIONS, {"prompt": [1, 2, 3]})) == 24
+    anthropic = conversation_bytes(Api.MESSAGES, {"system": "sys", "messages": [{"role": "user", "content": "hi"}]})
+    assert b"sys" in anthropic and b"hi" in anthropic
+    # the role is part of the rendering: the same text under another role is another chain
+    u = conversation_bytes(Api.CHAT, {"messages": [{"role": "user", "content": "x"}]})
+    s = conversation_bytes(Api.CHAT, {"messages": [{"role": "system", "content": "x"}]})
+    assert u != s
+
+
+def test_extends_continues_what_the_index_confirms() -> None:
+    memory = RouteMemory(10.0)
+    chain = list(range(100, 110))
+    memory.record("a", chain[4:8], now=0.0)  # the engine had already reported blocks 0-3
+    assert memory.extends("a", chain, 4, now=1.0) == 8
+    assert memory.extends("a", chain, 6, now=1.0) == 8  # the index caught up further
+    assert memory.extends("a", chain, 2, now=1.0) == 2  # records do not continue from there
+    assert memory.extends("b", chain, 3, now=1.0) == 3
+    assert memory.extends("a", chain, 4, now=11.0) == 4  # expired
