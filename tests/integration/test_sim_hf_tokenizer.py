@@ -178,9 +178,9 @@ async def test_process_fleet_passes_the_tokenizer_to_the_child(files: TokenizerF
     assert body["tokens"] == local.encode(local.render_chat(messages), add_special_tokens=False)
 
 
-async def test_tokenizer_config_beside_the_tokenizer_is_the_default_template(files: TokenizerFiles) -> None:
+async def test_the_model_directory_template_is_the_default(files: TokenizerFiles) -> None:
     async with SimFleet(config=replace(hf_config(files), chat_template=None), time_scale=0.01) as fleet:
-        assert fleet.endpoints[0].chat_template == str(files.tokenizer.with_name("tokenizer_config.json"))
+        assert fleet.endpoints[0].chat_template == str(files.chat_template)  # chat_template.jinja beside it
 
 
 async def test_bad_tokenizer_files_fail_clearly(tmp_path: Path, files: TokenizerFiles) -> None:

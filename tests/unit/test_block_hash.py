@@ -188,6 +188,19 @@ def test_vllm_cbor_equals_cbor2_reference(
         assert rest == expected[1:]
 
 
+long_token_ids = st.lists(st.integers(0, 200_000), min_size=128, max_size=700) | st.lists(
+    st.one_of(st.integers(0, 30), st.integers(0, (1 << 32) - 1), st.integers(0, U64)), min_size=128, max_size=300
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tokens=long_token_ids, size=sizes, salt=names)
+def test_vllm_cbor_long_chains_equal_cbor2_reference(tokens: list[int], size: int, salt: str | None) -> None:
+    """Long chains take the vectorised CBOR path (ids beyond 2**32 fall back per token)."""
+    hasher = make_block_hasher("vllm", size, hash_seed="0")
+    assert hasher.chain(tokens, cache_salt=salt) == ref_cbor_chain("0", tokens, size, salt)
+
+
 @settings(max_examples=200, deadline=None)
 @given(tokens=token_ids, size=sizes, salt=names, lora=names)
 def test_vllm_pickle_equals_pickle_reference(tokens: list[int], size: int, salt: str | None, lora: str | None) -> None:
@@ -235,6 +248,9 @@ def test_bad_configuration_and_token_ids_raise_block_hash_error() -> None:
             hasher.chain([1, 1 << 64])
     with pytest.raises(BlockHashError):
         make_block_hasher("sglang", 2).chain([1, 1 << 32])
+    for algo in ("sha256_cbor", "sha256"):
+        with pytest.raises(BlockHashError, match="integers"):
+            make_block_hasher("vllm", 2, hash_seed="0", vllm_hash_algo=algo).chain([1, "x"])  # type: ignore[arg-type, list-item]
     # ValueError too, so callers that only know the builtin still catch it.
     with pytest.raises(ValueError):
         make_block_hasher("sglang", 2).chain([-1, 0])

@@ -13,6 +13,7 @@ from continuum_common.tokenization import (
     LocalTokenizer,
     TokenizationError,
     TokenizerLoadError,
+    find_chat_template,
 )
 from continuum_sim.hf_tokenizer import CHATML_TEMPLATE, TokenizerFiles, train_tokenizer
 from continuum_sim.protocol.chat_template import parse_messages, render
@@ -105,6 +106,10 @@ def test_hf_globals_filters_and_block_trimming(tmp_path: Path, files: TokenizerF
     assert text == '<s>[user:é][x:y]{"role": "user", "content": "é"}|None|7|</s>'
     explicit = LocalTokenizer(files.tokenizer, chat_template=path, bos_token="<B>", eos_token="<E>")
     assert explicit.render_chat([{"role": "user", "content": "q"}]).startswith("<B>[user:q]")
+    # Request-supplied variables (chat_template_kwargs) may use any name without breaking the call;
+    # they override special tokens but not the messages.
+    odd = {"messages": "nope", "special_tokens": 1, "variables": 2, "template": 3, "eos_token": "<X>", "extra": 8}
+    assert tok.render_chat([{"role": "user", "content": "q"}], **odd).endswith("|8|<X>")
 
 
 def test_named_template_list_uses_default(tmp_path: Path, files: TokenizerFiles) -> None:
@@ -112,6 +117,23 @@ def test_named_template_list_uses_default(tmp_path: Path, files: TokenizerFiles)
     path = tmp_path / "tokenizer_config.json"
     path.write_text(json.dumps(config))
     assert LocalTokenizer(files.tokenizer, chat_template=path).render_chat([]) == "D"
+
+
+def test_model_directory_template_and_special_tokens(tmp_path: Path, files: TokenizerFiles) -> None:
+    """Like a Hugging Face model directory: chat_template.jinja first, else tokenizer_config.json;
+    the special tokens always come from tokenizer_config.json beside tokenizer.json."""
+    assert find_chat_template(files.tokenizer) == files.chat_template
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes(files.tokenizer.read_bytes())
+    assert find_chat_template(model / "tokenizer.json") is None
+    config = {"chat_template": "{{ bos_token }}|{{ eos_token }}", "bos_token": "<|endoftext|>", "eos_token": "E"}
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    assert find_chat_template(model / "tokenizer.json") == model / "tokenizer_config.json"
+    (model / "chat_template.jinja").write_text("[{{ bos_token }}]")
+    assert find_chat_template(model / "tokenizer.json") == model / "chat_template.jinja"
+    tok = LocalTokenizer(model / "tokenizer.json", chat_template=model / "chat_template.jinja")
+    assert tok.render_chat([]) == "[<|endoftext|>]"
 
 
 # -- errors ----------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 
 from continuum_common.asgi_server import EmbeddedServer
-from continuum_common.tokenization import LocalTokenizer, TokenizationError
+from continuum_common.tokenization import LocalTokenizer, TokenizationError, find_chat_template
 from continuum_sim.adapters.http_api import build_app
 from continuum_sim.adapters.zmq_publisher import ZmqEventPublisher
 from continuum_sim.config import EngineConfig
@@ -145,16 +145,12 @@ class SimEngineServer:
 
 
 def chat_template_path(config: EngineConfig) -> str | None:
-    """The template an engine renders with: its own, else a tokenizer_config.json beside its
-    tokenizer.json that carries one, else None (the built-in ChatML text)."""
+    """The template an engine renders with: its own, else its model directory's
+    (`find_chat_template`), else None (the built-in ChatML text)."""
     if config.chat_template is not None or config.tokenizer is None:
         return config.chat_template
-    beside = Path(config.tokenizer).with_name("tokenizer_config.json")
-    try:
-        has_template = "chat_template" in json.loads(beside.read_text())
-    except (OSError, ValueError, TypeError):
-        return None
-    return str(beside) if has_template else None
+    found = find_chat_template(config.tokenizer)
+    return str(found) if found is not None else None
 
 
 def load_codecs(configs: Sequence[EngineConfig]) -> list[PromptCodec]:

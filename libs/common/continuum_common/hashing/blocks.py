@@ -19,9 +19,11 @@ Engines (kv-events-spec.md §1.6, §1.7, §2.3):
 * ``trtllm`` — the SGLang formula: the listener re-keys TensorRT-LLM's opaque block hashes to it.
 
 The CBOR of a vLLM block is written by hand (spec §1.7): ``83`` · ``58 20`` + parent · array
-header · one canonical CBOR uint per token · extra keys (``f6`` or their canonical CBOR). Token
-encodings come from a table of the 65,536 smallest ids built once per process, so a block
-costs one ``b"".join`` over table slices and one SHA-256.
+header · one canonical CBOR uint per token · extra keys (``f6`` or their canonical CBOR). For a
+long chain the tokens' CBOR is computed for all blocks at once with numpy (a header byte and the
+id's last 0, 1, 2 or 4 big-endian bytes per token), and each block is a slice of it; a short one
+joins per-token encodings from a table of the 65,536 smallest ids built once per process. Either
+way a block costs a few slices and one SHA-256.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 from typing import Final, Literal, Protocol
 
 import cbor2
+import numpy as np
 
 from continuum_common.errors import ContinuumError
 
@@ -46,6 +49,7 @@ VLLM_HASH_ALGOS: Final = ("sha256_cbor", "sha256")
 
 _U64_MASK: Final = (1 << 64) - 1
 _TABLE_SIZE: Final = 1 << 16
+_VECTOR_MIN_TOKENS: Final = 128  # below this the per-token table is cheaper than numpy's call overhead
 _CBOR_NULL: Final = b"\xf6"
 
 
@@ -121,14 +125,32 @@ def _uint_table() -> tuple[bytes, ...]:
 def _cbor_tokens(tokens: Sequence[int]) -> list[bytes]:
     """One CBOR item per token id, in C for ids in the table."""
     table = _uint_table()
-    if tokens and min(tokens) < 0:  # a negative index would silently read the table's end
-        raise BlockHashError("token ids must be integers in [0, 2**64)")
     try:
+        if tokens and min(tokens) < 0:  # a negative index would silently read the table's end
+            raise BlockHashError("token ids must be integers in [0, 2**64)")
         return list(map(table.__getitem__, tokens))
     except IndexError:
         return [table[t] if t < _TABLE_SIZE else _cbor_uint(t) for t in tokens]
     except TypeError:
         raise BlockHashError("token ids must be integers") from None
+
+
+def _cbor_stream(tokens: Sequence[int], block_size: int) -> tuple[bytes, list[int]] | None:
+    """The tokens' CBOR items back to back and the byte offset of every block boundary; None
+    when an id is outside [0, 2**32) (the per-token path handles or rejects those)."""
+    try:
+        ids = np.frombuffer(array("I", tokens), dtype=np.uint32)
+    except (OverflowError, TypeError):
+        return None
+    width = 1 + (ids >= 24).astype(np.int64) + (ids >= 256) + 2 * (ids >= 65536).astype(np.int64)
+    head = np.where(ids < 24, ids, np.where(ids < 256, 0x18, np.where(ids < 65536, 0x19, 0x1A)))
+    rows = np.empty((ids.size, 5), dtype=np.uint8)
+    rows[:, 0] = head
+    rows[:, 1:] = ids.astype(">u4").view(np.uint8).reshape(-1, 4)
+    keep = np.arange(5)[None, :] >= (6 - width)[:, None]  # the id's last (width - 1) bytes
+    keep[:, 0] = True
+    ends = np.cumsum(width)[block_size - 1 :: block_size]
+    return rows[keep].tobytes(), [0, *ends.tolist()]
 
 
 def _cbor_extra(extra_keys: tuple[object, ...] | None) -> bytes:
@@ -234,17 +256,23 @@ class VllmCborHasher(_Hasher):
         if count == 0:
             return []
         size = self._block_size
-        items = _cbor_tokens(tokens[: count * size])
+        full = tokens[: count * size]
+        stream = _cbor_stream(full, size) if len(full) >= _VECTOR_MIN_TOKENS else None
+        if stream is not None:
+            data, bounds = stream
+            bodies = [data[bounds[k] : bounds[k + 1]] for k in range(count)]
+        else:
+            items, join = _cbor_tokens(full), b"".join
+            bodies = [join(items[k * size : (k + 1) * size]) for k in range(count)]
         every = _cbor_extra(_extra_keys(1, None, lora_name))
         first = _cbor_extra(_extra_keys(0, cache_salt, lora_name)) if start_block == 0 else every
-        sha, join, head = hashlib.sha256, b"".join, self._array_head
+        sha, head = hashlib.sha256, self._array_head
         prev = self._root if parent is None else parent
         out: list[bytes] = []
-        for k in range(count):
-            lo = k * size
+        for k, body in enumerate(bodies):
             extra = first if k == 0 else every
             prefix = b"\x83\x58\x20" if len(prev) == 32 else b"\x83" + _cbor_head(2, len(prev))
-            prev = sha(prefix + prev + head + join(items[lo : lo + size]) + extra).digest()
+            prev = sha(prefix + prev + head + body + extra).digest()
             out.append(prev)
         return out
 
@@ -288,8 +316,11 @@ class VllmPickleHasher(_Hasher):
 
 def _check_ids(tokens: Sequence[int]) -> None:
     # Pickle would hash anything; keep the domain the CBOR hasher accepts so both agree.
-    if tokens and (min(tokens) < 0 or max(tokens) > _U64_MASK):
-        raise BlockHashError("token ids must be integers in [0, 2**64)")
+    try:
+        if tokens and (min(tokens) < 0 or max(tokens) > _U64_MASK):
+            raise BlockHashError("token ids must be integers in [0, 2**64)")
+    except TypeError:
+        raise BlockHashError("token ids must be integers") from None
 
 
 class SglangHasher(_Hasher):

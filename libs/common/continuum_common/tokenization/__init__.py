@@ -5,13 +5,15 @@
 * `PromptEncoder` — a prompt text → `EncodedPrompt(token_count, block_hashes)`, the engine's
   block hashes (continuum_common.hashing.blocks), tokenizing and hashing only the pieces of
   text it has not seen before.
+* `find_chat_template(tokenizer_json)` — a model directory's chat template, as Hugging Face
+  finds it.
 * `TokenizationError` (and `TokenizerLoadError`, `ChatTemplateError`) — everything that can go
   wrong; callers catch it and fall back.
 """
 
 from continuum_common.tokenization.encoder import EncodedPrompt, EncoderStats, PromptEncoder
 from continuum_common.tokenization.errors import ChatTemplateError, TokenizationError, TokenizerLoadError
-from continuum_common.tokenization.local import LocalTokenizer
+from continuum_common.tokenization.local import LocalTokenizer, find_chat_template
 from continuum_common.tokenization.support import PiecewiseSupport
 
 __all__ = [
@@ -23,4 +25,5 @@ __all__ = [
     "PromptEncoder",
     "TokenizationError",
     "TokenizerLoadError",
+    "find_chat_template",
 ]

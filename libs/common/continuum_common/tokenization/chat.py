@@ -100,21 +100,22 @@ def render(
     special_tokens: Mapping[str, str | None],
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
-    **kwargs: Any,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
-    """The prompt text of `messages`; ChatTemplateError for anything that goes wrong."""
+    """The prompt text of `messages`; ChatTemplateError for anything that goes wrong.
+    `variables` (the caller's extra template variables) override the special tokens."""
     if add_generation_prompt and continue_final_message:
         raise ChatTemplateError("add_generation_prompt and continue_final_message cannot both be true")
     chat = normalize_messages(messages)
     if continue_final_message and not chat:
         raise ChatTemplateError("continue_final_message needs at least one message")
-    variables: dict[str, Any] = {"tools": None, "documents": None}
-    variables.update(special_tokens)
-    variables.update(kwargs)
-    variables["messages"] = chat
-    variables["add_generation_prompt"] = add_generation_prompt
+    context: dict[str, Any] = {"tools": None, "documents": None}
+    context.update(special_tokens)
+    context.update(variables or {})
+    context["messages"] = chat
+    context["add_generation_prompt"] = add_generation_prompt
     try:
-        text = template.render(**variables)
+        text = template.render(context)
     except _TemplateRaised as exc:
         raise ChatTemplateError(f"the chat template refused the messages: {exc}") from None
     except jinja2.TemplateError as exc:  # undefined names, sandbox violations, ...

@@ -53,6 +53,9 @@ class ChunkTokenizer:
     def cache_bytes(self) -> int:
         return self._cache.bytes
 
+    def clear(self) -> None:
+        self._cache.clear()
+
     def encode_pieces(self, pieces: Sequence[Piece]) -> list[list[int]]:
         """The ids of each piece (no special tokens added around the text)."""
         started = time.perf_counter()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from continuum_common.hashing.blocks import BlockHasher, BlockHashError
@@ -110,7 +110,9 @@ class PromptEncoder:
         return self._nodes.bytes + self._chunks.cache_bytes
 
     def clear(self) -> None:
+        """Forget every cached node, result and chunk."""
         self._nodes.clear()
+        self._chunks.clear()
 
     def encode(
         self,
@@ -123,6 +125,8 @@ class PromptEncoder:
         """Token count and block hashes of `text` as the engine will see it; TokenizationError
         when it cannot be computed (the caller falls back)."""
         self.stats.requests += 1
+        if not isinstance(text, str):
+            raise TokenizationError("the prompt must be a string")
         try:
             if self.support.ok:
                 try:
@@ -153,14 +157,17 @@ class PromptEncoder:
         if known < len(pieces):
             missing = pieces[known:]
             self.stats.node_misses += len(missing)
-            for piece, ids in zip(missing, self._chunks.encode_pieces(missing), strict=True):
-                node = self._extend(node, piece, ids, salt, lora)
-                hashes += node.wire
+            keys: list[Hashable] = [None] * len(missing)
+            ids = self._chunks.encode_pieces(missing)
+            node = self._extend(node, missing, keys, ids, salt=salt, lora=lora, hashes=hashes)
         suffix = self.support.suffix_ids
         if add_special and suffix:
             cached = nodes.get((node.id, _SUFFIX))
-            node = cached if isinstance(cached, _Node) else self._extend(node, _SUFFIX, list(suffix), salt, lora)
-            hashes += node.wire
+            if isinstance(cached, _Node):
+                node = cached
+                hashes += node.wire
+            else:
+                node = self._extend(node, [_SUFFIX], [None], [list(suffix)], salt=salt, lora=lora, hashes=hashes)
         return EncodedPrompt(node.count, hashes)
 
     def _root(self, add_special: bool, salt: str | None, lora: str | None) -> _Node:
@@ -170,38 +177,48 @@ class PromptEncoder:
             return root
         empty = _Node(0, 0, 0, last=None, tail=[], wire=[])
         prefix = list(self.support.prefix_ids) if add_special else []
-        return self._extend(empty, None, prefix, salt, lora, key=key)
+        return self._extend(empty, [None], [key], [prefix], salt=salt, lora=lora, hashes=[])
 
     def _extend(
         self,
         parent: _Node,
-        piece: Piece | tuple[str] | None,
-        ids: list[int],
+        pieces: Sequence[Piece | tuple[str] | None],
+        keys: Sequence[Hashable],
+        id_lists: Sequence[list[int]],
+        *,
         salt: str | None,
         lora: str | None,
-        *,
-        key: Hashable = None,
+        hashes: list[int],
     ) -> _Node:
-        tokens = parent.tail + ids
+        """Chain nodes for consecutive pieces under `parent`, hashed in one pass (appends their
+        wire hashes to `hashes`); a None key means the usual (parent id, piece) key."""
+        tokens = parent.tail + list(itertools.chain.from_iterable(id_lists))
         started = time.perf_counter()
         digests = self.hasher.chain(
             tokens, parent=parent.last, start_block=parent.blocks, cache_salt=salt, lora_name=lora
         )
-        wire = self.hasher.wire
-        child = _Node(
-            next(self._ids),
-            parent.count + len(ids),
-            parent.blocks + len(digests),
-            last=digests[-1] if digests else parent.last,
-            tail=tokens[len(digests) * self.hasher.block_size :],
-            wire=[wire(d) for d in digests],
-        )
+        wires = [self.hasher.wire(d) for d in digests]
         self.stats.hash_seconds += time.perf_counter() - started
         self.stats.hashed_blocks += len(digests)
-        text_bytes = sys.getsizeof(piece[-1]) if piece else 0
-        size = _NODE_OVERHEAD + text_bytes + 40 * len(digests) + 8 * len(child.tail)
-        self._nodes.put(key if key is not None else (parent.id, piece), child, size)
-        return child
+        size, node = self.hasher.block_size, parent
+        end, done = len(parent.tail), 0  # tokens consumed, blocks handed out so far
+        for piece, key, ids in zip(pieces, keys, id_lists, strict=True):
+            end += len(ids)
+            full = end // size
+            child = _Node(
+                next(self._ids),
+                node.count + len(ids),
+                parent.blocks + full,
+                last=digests[full - 1] if full else parent.last,
+                tail=tokens[full * size : end],
+                wire=wires[done:full],
+            )
+            hashes += child.wire
+            text_bytes = sys.getsizeof(piece[-1]) if piece else 0
+            cost = _NODE_OVERHEAD + text_bytes + 40 * len(child.wire) + 8 * len(child.tail)
+            self._nodes.put(key if key is not None else (node.id, piece), child, cost)
+            node, done = child, full
+        return node
 
     # -- whole text -----------------------------------------------------------------------------
 
@@ -211,7 +228,7 @@ class PromptEncoder:
         cached = self._nodes.get(key)
         if isinstance(cached, EncodedPrompt):
             self.stats.whole_text_hits += 1
-            return cached
+            return EncodedPrompt(cached.token_count, list(cached.block_hashes))  # callers may keep it
         chunk_stats = self.stats.chunks
         started = time.perf_counter()
         ids = self.tokenizer.encode(text, add_special_tokens=add_special)
@@ -223,7 +240,8 @@ class PromptEncoder:
         self.stats.hash_seconds += time.perf_counter() - started
         self.stats.hashed_blocks += len(digests)
         result = EncodedPrompt(len(ids), [self.hasher.wire(d) for d in digests])
-        self._nodes.put(key, result, _NODE_OVERHEAD + sys.getsizeof(text) + 8 * len(digests))
+        stored = EncodedPrompt(result.token_count, list(result.block_hashes))
+        self._nodes.put(key, stored, _NODE_OVERHEAD + sys.getsizeof(text) + 8 * len(digests))
         return result
 
 

@@ -8,9 +8,12 @@ template, used the way vLLM uses a model's tokenizer.
     tok.decode(ids)                                   # special tokens kept (skip_special_tokens=False)
 
 `chat_template` is a file holding the template text, or a tokenizer_config.json carrying
-`chat_template` (a string, or a list of named templates: "default" is used) and the special
-tokens (`bos_token`, `eos_token`, ... as strings or `{"content": ...}` objects). Explicit
-`bos_token` / `eos_token` arguments win. Truncation and padding stored in tokenizer.json are
+`chat_template` (a string, or a list of named templates: "default" is used). The special tokens
+the template sees (`bos_token`, `eos_token`, ... as strings or `{"content": ...}` objects) come
+from the tokenizer_config.json beside tokenizer.json when there is one (as in a Hugging Face
+model directory), then from a tokenizer_config.json given as `chat_template`, then from explicit
+`bos_token` / `eos_token` arguments, each overriding the one before. `find_chat_template`
+locates a model directory's template the way Hugging Face does. Truncation and padding stored in tokenizer.json are
 switched off: vLLM never truncates a prompt silently.
 
 Every failure is a TokenizationError subclass (TokenizerLoadError, ChatTemplateError) whose
@@ -44,7 +47,7 @@ class LocalTokenizer:
     ) -> None:
         self.path = Path(tokenizer)
         self.backend = _load_backend(self.path)
-        self.special_tokens: dict[str, str | None] = {}
+        self.special_tokens: dict[str, str | None] = _beside_specials(self.path)
         self._template: jinja2.Template | None = None
         if chat_template is not None:
             source, specials = _load_template(Path(chat_template))
@@ -68,12 +71,15 @@ class LocalTokenizer:
     def render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],
+        /,
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str:
-        """The prompt text for `messages` (ChatTemplateError when there is no template or it fails)."""
+        """The prompt text for `messages` (ChatTemplateError when there is no template or it
+        fails). `kwargs` become template variables (a request's `chat_template_kwargs`, `tools`);
+        any name is accepted, `messages` and `add_generation_prompt` keep their own values."""
         if self._template is None:
             raise ChatTemplateError("this tokenizer has no chat template")
         return chat.render(
@@ -82,7 +88,7 @@ class LocalTokenizer:
             special_tokens=self.special_tokens,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
-            **kwargs,
+            variables=kwargs,
         )
 
     # -- ids -------------------------------------------------------------------------------
@@ -127,6 +133,32 @@ class LocalTokenizer:
         except Exception as exc:
             raise TokenizerLoadError(f"cannot serialise the tokenizer: {type(exc).__name__}") from None
         return data
+
+
+def find_chat_template(tokenizer: str | Path) -> Path | None:
+    """The chat template of a Hugging Face model directory: `chat_template.jinja` beside
+    tokenizer.json, else a tokenizer_config.json beside it that has `chat_template`, else None."""
+    path = Path(tokenizer)
+    jinja = path.with_name("chat_template.jinja")
+    if jinja.is_file():
+        return jinja
+    config = _read_config(path.with_name("tokenizer_config.json"))
+    if config is not None and "chat_template" in config:
+        return path.with_name("tokenizer_config.json")
+    return None
+
+
+def _read_config(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _beside_specials(tokenizer: Path) -> dict[str, str | None]:
+    config = _read_config(tokenizer.with_name("tokenizer_config.json"))
+    return _config_specials(config) if config is not None else {}
 
 
 def _load_backend(path: Path) -> Tokenizer:
