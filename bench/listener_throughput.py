@@ -56,7 +56,12 @@ def make_payloads(batches: int, seed: int) -> tuple[list[bytes], int]:
 
 def pipeline(endpoint: str = "tcp://127.0.0.1:1", window: float = 0.05) -> tuple[SourcePipeline, Count]:
     source = ListenerSource(
-        backend_name=BACKEND, engine="vllm", zmq_endpoint=endpoint, prefix_key_mode="salt_echo", topic=""
+        backend_name=BACKEND,
+        engine="vllm",
+        zmq_endpoint=endpoint,
+        prefix_key_mode="salt_echo",
+        topic="",
+        publish="prefix",
     )
     sink = Count()
     return SourcePipeline(

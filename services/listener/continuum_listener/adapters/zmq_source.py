@@ -59,7 +59,7 @@ class ZmqSource:
         *,
         rcvhwm: int | None = None,
         max_replay_seconds: float = 30.0,
-        budget: float = 0.005,
+        budget: float = 0.002,
     ) -> None:
         self.ctx = ctx
         self.source = source
