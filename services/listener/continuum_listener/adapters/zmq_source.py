@@ -15,6 +15,13 @@ one applied.
 Live messages that arrive during a replay wait in the SUB socket's queue (bounded by its
 high-water mark; overflow there shows up as one more gap).
 
+A gap is only visible when a later batch arrives, so batches the PUB dropped at the end of a
+burst would go unnoticed while the engine is quiet. After a gap or a backpressure pause the
+source therefore checks the tail once its SUB queue has been empty for `quiet` seconds: it asks
+for a replay from the next expected seq with no end, applies what the engine has (the live
+copies of those batches, if any are still on their way, are skipped as duplicates), and treats
+a buffer that no longer starts there like any unrecoverable gap.
+
 Flow: queued messages are read without blocking for at most `budget` seconds (5 ms) at a time,
 then the loop yields, so the HTTP server and the publisher are served during a backlog. Before
 reading, the source awaits the publisher's room (backpressure): while the publish queue is full
@@ -60,6 +67,7 @@ class ZmqSource:
         rcvhwm: int | None = None,
         max_replay_seconds: float = 30.0,
         budget: float = 0.002,
+        quiet: float = 0.05,
     ) -> None:
         self.ctx = ctx
         self.source = source
@@ -70,7 +78,9 @@ class ZmqSource:
         self.replay_timeout = source.request_timeout_ms / 1000
         self.max_replay_seconds = max_replay_seconds
         self.budget = budget
+        self.quiet = quiet
         self.seq = SeqTracker()
+        self.suspect = False  # the engine's PUB may have dropped batches we have not seen a gap for
 
     def _open(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
         """The SUB socket and its monitor (attached before connecting, so no event is missed)."""
@@ -110,6 +120,8 @@ class ZmqSource:
     async def _read(self, sub: zmq.asyncio.Socket, reader: zmq.Socket[bytes]) -> None:
         """Apply queued messages for up to `budget` seconds; wait for one when none is queued."""
         pipeline = self.pipeline
+        if self._blocked():
+            self.suspect = True  # while we do not read, the engine's PUB may drop
         await pipeline.wait_room()
         if pipeline.replay_wanted:
             await self._restate()
@@ -118,7 +130,10 @@ class ZmqSource:
             try:
                 frames = reader.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                await sub.poll(timeout=500)  # POLLIN; wakes now and then for a resync
+                if not self.suspect:
+                    await sub.poll(timeout=500)  # POLLIN; wakes now and then for a resync
+                elif not await sub.poll(timeout=int(self.quiet * 1000)):
+                    await self._check_tail()
                 return
             await self.handle(frames)
             if time.monotonic() >= deadline or self._blocked():
@@ -136,6 +151,19 @@ class ZmqSource:
         await asyncio.sleep(0)
         await self.pipeline.wait_room()
         return time.monotonic() - started
+
+    async def _check_tail(self) -> None:
+        self.suspect = False
+        last = self.seq.last
+        if last is None or self.source.replay_endpoint is None:
+            return
+        applied_from = last + 1
+        # No answer proves no loss: only a buffer that starts after `applied_from` does (the
+        # replay then starts a new epoch itself).
+        await self._replay(applied_from, None, fresh=False)
+        through = self.seq.last
+        if through is not None and through >= applied_from:
+            self.seq.replayed(applied_from, through)
 
     async def _restate(self) -> None:
         """Resync of the block stream: replay what the engine still buffers into the new epoch."""
@@ -168,11 +196,14 @@ class ZmqSource:
             self.pipeline.drop(exc.reason)
             return
         decision = self.seq.observe(frame.seq)
+        if decision.action is SeqAction.DUPLICATE:
+            return
         if decision.action is SeqAction.RESTART:
             log.warning("source %s: publisher seq went back to %d: restart", self.backend, frame.seq)
             self.pipeline.start_epoch("publisher_restart")
             self.seq.forget()
         if decision.action is SeqAction.GAP:
+            self.suspect = True  # the PUB is dropping: more may be missing after the last one seen
             recovered = await self._replay(decision.missing_from, frame.seq, fresh=False)
             if not recovered:
                 self.pipeline.start_epoch("gap")
@@ -181,14 +212,15 @@ class ZmqSource:
         self.seq.advance(frame.seq)
         self.pipeline.apply_payload(frame.payload)
 
-    async def _replay(self, start: int, end: int, *, fresh: bool) -> bool:
-        """Apply batches [start, end) from the replay socket. True when all were recovered.
+    async def _replay(self, start: int, end: int | None, *, fresh: bool) -> bool:
+        """Apply batches [start, end) from the replay socket (`end` None: everything the engine
+        has from `start` on). True when all were recovered.
 
         `fresh`: nothing is tracked yet (start-up or restart), so a partial history is still
         useful and never forces a new epoch."""
         endpoint = self.source.replay_endpoint
         if endpoint is None:
-            if not fresh:
+            if not fresh and end is not None:
                 self.metrics.replay(self.backend, "failed")
                 self.pipeline.drop("replay_lost", end - start)
             return fresh
@@ -201,7 +233,7 @@ class ZmqSource:
             expected, outcome, fresh = await self._apply_replies(dealer, start, end, fresh)
         finally:
             dealer.close(linger=0)
-        if expected < end:
+        if end is not None and expected < end:
             self.pipeline.drop("replay_lost", end - expected)
             if outcome == "recovered":
                 outcome = "failed"
@@ -209,14 +241,14 @@ class ZmqSource:
         return outcome == "recovered" or (fresh and outcome == "partial")
 
     async def _apply_replies(
-        self, dealer: zmq.asyncio.Socket, start: int, end: int, fresh: bool
+        self, dealer: zmq.asyncio.Socket, start: int, end: int | None, fresh: bool
     ) -> tuple[int, str, bool]:
         """Read replies until `end` or the end marker; returns (next expected seq, outcome,
         fresh)."""
         expected, outcome = start, "recovered"
         deadline = time.monotonic() + self.max_replay_seconds
         yield_at = time.monotonic() + self.budget
-        while expected < end:
+        while end is None or expected < end:
             if time.monotonic() >= yield_at or self._blocked():
                 deadline += await self._pause()
                 yield_at = time.monotonic() + self.budget
@@ -235,13 +267,13 @@ class ZmqSource:
                 continue
             if item.seq > expected:
                 # The publisher's buffer starts after what we asked for.
-                self.pipeline.drop("replay_lost", min(item.seq, end) - expected)
+                self.pipeline.drop("replay_lost", (item.seq if end is None else min(item.seq, end)) - expected)
                 if not fresh:
                     self.pipeline.start_epoch("replay_lost")
                     fresh = True  # from here on we rebuild as after a restart
                 outcome = "partial"
                 expected = item.seq
-                if expected >= end:
+                if end is not None and expected >= end:
                     break
             self.seq.advance(item.seq)
             self.pipeline.apply_payload(item.payload)
