@@ -4,32 +4,32 @@ Continuity (kv-events-spec §5.1): the 8-byte seq of every message is checked ag
 one applied.
 
 * the next seq → apply;
-* a jump → ask the publisher's ROUTER (`replay_endpoint`) for the missing batches, apply them in
-  order, then the live one. A replay that starts after the first missing seq (the publisher's
-  buffer no longer holds it), times out or is not configured cannot restore the chain state: the
-  source starts a new epoch (`cleared`) and the loss is counted;
-* the first message after start-up with seq > 0 → replay from seq 0 to rebuild the chain state
-  the engine already holds (as much as its buffer still has);
-* seq going backwards → the publisher restarted: new epoch, then the same start-up replay.
-
-Live messages that arrive during a replay wait in the SUB socket's queue (bounded by its
-high-water mark; overflow there shows up as one more gap).
+* a jump (the engine's PUB dropped batches at its high-water mark) → ask the publisher's ROUTER
+  (`replay_endpoint`) for everything it buffers from the first missing seq on, and apply it in
+  order: one replay catches up a whole backlog of drops, and the live copies of batches it
+  applied, still queued in the SUB, are then skipped as duplicates. A replay that starts after
+  the first missing seq (the publisher's buffer no longer holds it), times out before the live
+  batch, or is not configured cannot restore the state: the source starts a new epoch and the
+  loss is counted;
+* the first message after start-up with seq > 0 → replay from seq 0 to rebuild the state the
+  engine already holds (as much as its buffer still has);
+* seq going backwards (outside a replayed range) → the publisher restarted: new epoch, then the
+  same start-up replay.
 
 A gap is only visible when a later batch arrives, so batches the PUB dropped at the end of a
 burst would go unnoticed while the engine is quiet. After a gap or a backpressure pause the
-source therefore checks the tail once its SUB queue has been empty for `quiet` seconds: it asks
-for a replay from the next expected seq with no end, applies what the engine has (the live
-copies of those batches, if any are still on their way, are skipped as duplicates), and treats
-a buffer that no longer starts there like any unrecoverable gap.
+source therefore checks the tail once its SUB queue has been empty for `quiet` seconds (50 ms):
+the same open-ended replay from the next expected seq (no answer proves no loss; a buffer that
+no longer starts there is an unrecoverable gap).
 
-Flow: queued messages are read without blocking for at most `budget` seconds (5 ms) at a time,
+Flow: queued messages are read without blocking for at most `budget` seconds (2 ms) at a time,
 then the loop yields, so the HTTP server and the publisher are served during a backlog. Before
 reading, the source awaits the publisher's room (backpressure): while the publish queue is full
 it reads nothing, the SUB queue and then the engine's PUB fill up, and what the PUB drops comes
-back through the replay above. A replay pauses the same way; its DEALER's receive high-water
-mark is the SUB's, so replies wait in the socket rather than being dropped by the engine's
-ROUTER. A resync of a block stream (`pipeline.replay_wanted`) replays the engine's buffer from
-seq 0 into the new epoch, as at start-up.
+back through the replay above. A replay pauses and yields the same way; its DEALER's receive
+queue is unbounded (the engine's buffer bounds a replay), so replies wait there rather than
+being dropped by the engine's ROUTER. A resync of a block stream (`pipeline.replay_wanted`)
+replays the engine's buffer from seq 0 into the new epoch, as at start-up.
 """
 
 from __future__ import annotations
@@ -154,16 +154,30 @@ class ZmqSource:
 
     async def _check_tail(self) -> None:
         self.suspect = False
+        if self.seq.last is not None and self.source.replay_endpoint is not None:
+            await self._catch_up(self.seq.last + 1, None)
+
+    async def _catch_up(self, start: int, live: int | None) -> bool:
+        """Replay everything the engine buffers from `start` on (one request catches up a whole
+        backlog of drops, rather than one per gap). `live` is the seq of the live batch that
+        showed the gap: when the replay did not reach the batch before it, what is missing is
+        counted and a new epoch starts. True when the replay covered `live` itself.
+
+        No answer to a tail check (`live` None) proves no loss; a buffer that starts after
+        `start` does, and the replay starts a new epoch itself."""
+        await self._replay(start, None, fresh=False)
         last = self.seq.last
-        if last is None or self.source.replay_endpoint is None:
-            return
-        applied_from = last + 1
-        # No answer proves no loss: only a buffer that starts after `applied_from` does (the
-        # replay then starts a new epoch itself).
-        await self._replay(applied_from, None, fresh=False)
-        through = self.seq.last
-        if through is not None and through >= applied_from:
-            self.seq.replayed(applied_from, through)
+        if last is not None and last >= start:
+            self.seq.replayed(start, last)  # live copies still queued in the SUB are duplicates
+        if live is None:
+            return False
+        reached = -1 if last is None else last
+        if reached >= live:
+            return True
+        if reached < live - 1:
+            self.pipeline.drop("replay_lost", live - 1 - reached)
+            self.pipeline.start_epoch("gap")
+        return False
 
     async def _restate(self) -> None:
         """Resync of the block stream: replay what the engine still buffers into the new epoch."""
@@ -204,9 +218,8 @@ class ZmqSource:
             self.seq.forget()
         if decision.action is SeqAction.GAP:
             self.suspect = True  # the PUB is dropping: more may be missing after the last one seen
-            recovered = await self._replay(decision.missing_from, frame.seq, fresh=False)
-            if not recovered:
-                self.pipeline.start_epoch("gap")
+            if await self._catch_up(decision.missing_from, frame.seq):
+                return  # the replay reached past this batch: it is applied already
         elif decision.action is not SeqAction.APPLY and frame.seq > 0:
             await self._replay(0, frame.seq, fresh=True)  # JOIN, or RESTART past seq 0
         self.seq.advance(frame.seq)
@@ -220,13 +233,16 @@ class ZmqSource:
         useful and never forces a new epoch."""
         endpoint = self.source.replay_endpoint
         if endpoint is None:
-            if not fresh and end is not None:
+            if not fresh:
                 self.metrics.replay(self.backend, "failed")
-                self.pipeline.drop("replay_lost", end - start)
+                if end is not None:
+                    self.pipeline.drop("replay_lost", end - start)
             return fresh
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        # Unbounded: the replay is bounded by the engine's buffer, and replies must wait here
+        # (not be dropped by the engine's ROUTER) while backpressure pauses the reading.
+        dealer.setsockopt(zmq.RCVHWM, 0)
         try:
             dealer.connect(endpoint)
             await dealer.send_multipart(replay_request(start))
