@@ -1,4 +1,4 @@
-"""Listener memory under 1,000,000 random engine events (issue 6: "memory limits hold").
+"""Listener memory under 1,000,000 random engine events ("memory limits hold").
 
     python -m bench.listener_memory                          # 1M events, detokenize worst case
     python -m bench.listener_memory --mode salt_echo

@@ -11,7 +11,7 @@
   received (so publisher-side encoding is excluded).
 
 A "block event" is one block hash stored or removed (a vLLM BlockStored event of a 16-block
-prefill counts 16). Target (issue 6): ≥ 50,000 block events/s in salt-echo mode.
+prefill counts 16). Target: ≥ 50,000 block events/s in salt-echo mode.
 """
 
 from __future__ import annotations
