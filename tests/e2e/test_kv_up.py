@@ -93,7 +93,7 @@ async def test_up_with_a_redis_index_runs_listener_and_indexer(tmp_path: Path, r
         listener = {
             "listen": "127.0.0.1:0",
             "bus": {"url": "nats://127.0.0.1:1"},  # replaced by the embedded server's URL
-            "sources": [{**s, "prefix_key_mode": "detokenize"} for s in fleet.listener_sources()],
+            "sources": [{**s, "prefix_key_mode": "detokenize", "publish": "prefix"} for s in fleet.listener_sources()],
         }
         (tmp_path / "router.yaml").write_text(yaml.safe_dump(config))
         (tmp_path / "listener.yaml").write_text(yaml.safe_dump(listener))

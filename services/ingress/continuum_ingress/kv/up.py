@@ -70,7 +70,8 @@ def demo_listener_config(sources: Sequence[dict[str, Any]], *, nats_url: str, sa
         "listen": "127.0.0.1:0",
         "bus": {"embedded": False, "url": nats_url},
         "salt": {"secret_file": str(salt_file)},
-        "sources": [{**s, "prefix_key_mode": "auto"} for s in sources],
+        # Prefix-key events: what the ingress's KV index reads today.
+        "sources": [{**s, "prefix_key_mode": "auto", "publish": "prefix"} for s in sources],
     }
 
 
