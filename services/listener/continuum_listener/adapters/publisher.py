@@ -81,7 +81,7 @@ class JetStreamPublisher:
         *,
         capacity: int,
         name: str = "continuum-kv-listener",
-        window: int = 512,
+        window: int = 128,
         on_overflow: Callable[[str], None] | None = None,
         tracing: Tracing | None = None,
     ) -> None:
