@@ -109,9 +109,13 @@ async def run_zmq(batches: int, seed: int, block_events: int) -> tuple[float, in
     try:
         waiter = asyncio.create_task(done.wait())
         await asyncio.wait({waiter, asyncio.create_task(publisher.wait())}, return_when=asyncio.FIRST_COMPLETED)
-        if not done.is_set():  # the publisher exited: give the socket a moment to drain
+        # The publisher exited: the listener may still be working through its SUB queue; wait
+        # while it makes progress (a batch lost in transit never arrives).
+        seen = -1
+        while not done.is_set() and len(received) != seen:
+            seen = len(received)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), 2.0)
+                await asyncio.wait_for(asyncio.shield(waiter), 2.0)
         waiter.cancel()
     finally:
         for task in tasks:
