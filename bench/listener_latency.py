@@ -52,7 +52,7 @@ async def measure(window_ms: int, events: int, rate: float) -> list[float]:
         "salt": {"secret_file": str(workdir / "salt")},
         "limits": {"coalesce_window_ms": window_ms},
         "sources": [{"backend_name": "bench", "engine": "vllm", "zmq_endpoint": f"tcp://127.0.0.1:{zmq_port}",
-                     "topic": "kv-events", "prefix_key_mode": "salt_echo"}],
+                     "topic": "kv-events", "prefix_key_mode": "salt_echo", "publish": "prefix"}],
     }  # fmt: skip
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     ctx = zmq.asyncio.Context()

@@ -1,4 +1,4 @@
-"""Listener memory under 1,000,000 random engine events (issue 6: "memory limits hold").
+"""Listener memory under 1,000,000 random engine events ("memory limits hold").
 
     python -m bench.listener_memory                          # 1M events, detokenize worst case
     python -m bench.listener_memory --mode salt_echo
@@ -61,7 +61,7 @@ def main() -> None:
 
     limits = Limits(args.max_chain_tokens, args.max_tracked_blocks, args.max_retained_tokens)
     source = ListenerSource(
-        backend_name="bench", engine="vllm", zmq_endpoint="tcp://127.0.0.1:1", model="m",
+        backend_name="bench", engine="vllm", zmq_endpoint="tcp://127.0.0.1:1", model="m", publish="prefix",
         prefix_key_mode=args.mode, detokenize_endpoint="http://127.0.0.1:1/detokenize",
     )  # fmt: skip
     resolver = None

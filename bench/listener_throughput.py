@@ -11,7 +11,7 @@
   received (so publisher-side encoding is excluded).
 
 A "block event" is one block hash stored or removed (a vLLM BlockStored event of a 16-block
-prefill counts 16). Target (issue 6): ≥ 50,000 block events/s in salt-echo mode.
+prefill counts 16). Target: ≥ 50,000 block events/s in salt-echo mode.
 """
 
 from __future__ import annotations
@@ -56,7 +56,12 @@ def make_payloads(batches: int, seed: int) -> tuple[list[bytes], int]:
 
 def pipeline(endpoint: str = "tcp://127.0.0.1:1", window: float = 0.05) -> tuple[SourcePipeline, Count]:
     source = ListenerSource(
-        backend_name=BACKEND, engine="vllm", zmq_endpoint=endpoint, prefix_key_mode="salt_echo", topic=""
+        backend_name=BACKEND,
+        engine="vllm",
+        zmq_endpoint=endpoint,
+        prefix_key_mode="salt_echo",
+        topic="",
+        publish="prefix",
     )
     sink = Count()
     return SourcePipeline(
@@ -104,9 +109,13 @@ async def run_zmq(batches: int, seed: int, block_events: int) -> tuple[float, in
     try:
         waiter = asyncio.create_task(done.wait())
         await asyncio.wait({waiter, asyncio.create_task(publisher.wait())}, return_when=asyncio.FIRST_COMPLETED)
-        if not done.is_set():  # the publisher exited: give the socket a moment to drain
+        # The publisher exited: the listener may still be working through its SUB queue; wait
+        # while it makes progress (a batch lost in transit never arrives).
+        seen = -1
+        while not done.is_set() and len(received) != seen:
+            seen = len(received)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), 2.0)
+                await asyncio.wait_for(asyncio.shield(waiter), 2.0)
         waiter.cancel()
     finally:
         for task in tasks:

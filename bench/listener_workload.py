@@ -110,3 +110,60 @@ def _stored(hashes: list[int], parent: int | None, tokens: list[int], size: int,
     if extra is not None:
         event["extra_keys"] = extra
     return event
+
+
+@dataclass
+class BlockTraffic:
+    """vLLM-shaped batches for block mode: each engine step stores one request's new full blocks
+    (`min_blocks`–`max_blocks` hashes in one BlockStored: a new prompt, or the next turn of a
+    running conversation chained on its tail) and, once the simulated cache holds `capacity`
+    blocks, evicts as many as it stored, one hash per BlockRemoved (vLLM's GPU eviction).
+    Map-encoded events (vLLM ≥ 2026-06). Deterministic for a seed."""
+
+    seed: int = 1
+    block_size: int = 16
+    min_blocks: int = 20
+    max_blocks: int = 200
+    capacity: int = 50_000
+    continue_share: float = 0.5
+    block_events: int = 0  # hashes stored + removed so far
+    stored: int = 0
+    removed: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.tokens = [self.rng.randrange(150_000) for _ in range(self.block_size * self.max_blocks * 2)]
+        self.tails: list[int] = []
+        self.live: list[int] = []
+
+    def step(self) -> list[dict[str, Any]]:
+        rng = self.rng
+        n = rng.randint(self.min_blocks, self.max_blocks)
+        parent = None
+        if self.tails and rng.random() < self.continue_share:
+            index = rng.randrange(len(self.tails))
+            parent = self.tails[index]
+        else:
+            index = -1
+        hashes = [rng.getrandbits(64) for _ in range(n)]
+        if index >= 0:
+            self.tails[index] = hashes[-1]
+        else:
+            self.tails.append(hashes[-1])
+            if len(self.tails) > 1024:
+                self.tails.pop(rng.randrange(len(self.tails)))
+        start = rng.randrange(len(self.tokens) - self.block_size * n + 1)
+        events = [_stored(hashes, parent, self.tokens[start : start + self.block_size * n], self.block_size, None)]
+        self.live.extend(hashes)
+        self.stored += n
+        while len(self.live) > self.capacity:
+            victim = rng.randrange(len(self.live))
+            self.live[victim], self.live[-1] = self.live[-1], self.live[victim]
+            events.append({"type": "BlockRemoved", "block_hashes": [self.live.pop()], "medium": "GPU", "group_idx": 0})
+            self.removed += 1
+        self.block_events = self.stored + self.removed
+        return events
+
+    def batches(self, count: int) -> Iterator[bytes]:
+        for i in range(count):
+            yield msgpack.packb([1767225600.0 + i, self.step(), 0])

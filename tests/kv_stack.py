@@ -152,6 +152,7 @@ async def kv_stack(
         sources = fleet.listener_sources()
         for source in sources:
             source["prefix_key_mode"] = "salt_echo"
+            source["publish"] = "prefix"  # this stack exercises the prefix-key index
             source.pop("detokenize_endpoint", None)
         listener_cfg = ListenerConfig.model_validate(
             {

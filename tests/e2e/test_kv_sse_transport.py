@@ -48,6 +48,7 @@ async def test_listener_sse_feeds_the_indexer_sse_transport(monkeypatch: Any) ->
         backend = fleet.endpoints[0].name
         (source_cfg,) = fleet.listener_sources()
         source_cfg["prefix_key_mode"] = "salt_echo"
+        source_cfg["publish"] = "prefix"  # the SSE feed carries prefix-key events
         cfg = ListenerConfig.model_validate(
             {"listen": "127.0.0.1:0", "salt": {"secret_env": SECRET_ENV}, "limits": {"coalesce_window_ms": 10},
              "sources": [source_cfg]}

@@ -1,4 +1,4 @@
-"""Simulated vLLM engines → listener → JetStream, in both prefix-key modes.
+"""Simulated vLLM engines → listener → JetStream, in both prefix-key modes and in block mode.
 
 The engines are real `continuum_sim` servers (OpenAI API, vLLM block pool, vLLM-format ZMQ KV
 events, /detokenize); the listener runs in-process against a real nats-server; requests go over
@@ -22,9 +22,11 @@ from continuum_common.events import STREAM_NAME, EventType, KvEvent, decode_even
 from continuum_common.hashing import request_prefix_key
 from continuum_common.procs import NatsServer, free_port
 from continuum_common.salt import make_salt
+from continuum_common.wire.kv import AllCleared, BlocksStored, KvBatch, decode_batch
 from continuum_listener.app import ListenerApp, running
 from continuum_listener.config import settings_from
 from continuum_sim import EngineConfig, KvEventsConfig, SimFleet, Tokenizer, render_chat
+from continuum_sim.protocol.block_hash import chain_hashes, none_hash, vllm_wire_hash
 from continuum_sim.protocol.chat_template import parse_messages
 
 SECRET = "sim-e2e-secret"
@@ -198,3 +200,43 @@ async def test_engine_dials_a_binding_listener(nats_server: NatsServer, monkeypa
             await chat(fleet, {**request, "cache_salt": make_salt(SECRET.encode(), "sim-dial", key)})
             events = await wait_for_keys(nats_server.url, {key.hex()})
             assert deepest(events, key.hex()) >= prompt_tokens(request) // BLOCK * BLOCK
+
+
+async def test_block_mode_publishes_the_engines_own_block_hashes(nats_server: NatsServer) -> None:
+    """`publish: blocks`: the hashes in the stream are the ones the ingress recomputes from a
+    request's tokens (vLLM sha256_cbor, PYTHONHASHSEED 0, last 8 bytes)."""
+    async with SimFleet(1, time_scale=0.001) as fleet:
+        sources = fleet.listener_sources()
+        for source in sources:
+            source["publish"] = "blocks"
+        cfg = ListenerConfig.model_validate(
+            {"listen": "127.0.0.1:0", "bus": {"embedded": False, "url": nats_server.url}, "sources": sources}
+        )
+        async with running(settings_from(cfg)) as app:
+            backend = fleet.endpoints[0].name
+            async with asyncio.timeout(10):
+                while not app.pipelines[backend].stats.connected:
+                    await asyncio.sleep(0.02)
+            request = body("You hold blocks, and the router knows which ones.", "Which blocks do you hold?", 24)
+            await chat(fleet, request)
+            tokens = Tokenizer().encode(render_chat(parse_messages(request["messages"])))
+            expected = [int(vllm_wire_hash(d, "int")) for d in chain_hashes(tokens, BLOCK, none_hash("0"))]
+            assert len(expected) >= 2
+            nc = await nats.connect(nats_server.url)
+            try:
+                js = nc.jetstream()
+                stored: list[int] = []
+                batches: list[KvBatch] = []
+                async with asyncio.timeout(15):
+                    while not set(expected) <= set(stored):
+                        last = (await js.stream_info(STREAM_NAME)).state.last_seq
+                        while len(batches) < last:
+                            batches.append(decode_batch((await js.get_msg(STREAM_NAME, len(batches) + 1)).data or b""))
+                            stored.extend(
+                                h for e in batches[-1].events if isinstance(e, BlocksStored) for h in e.hashes
+                            )
+                        await asyncio.sleep(0.05)
+            finally:
+                await nc.close()
+            assert batches[0].events == [AllCleared()] and all(b.backend == backend for b in batches)
+            assert stored[: len(expected)] == expected  # the prompt's blocks, in chain order

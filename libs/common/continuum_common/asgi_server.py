@@ -32,7 +32,10 @@ class EmbeddedServer:
         self._app = app
         self.host = host.strip("[]")
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is
+        # IPPROTO_TCP, and accepted connections inherit proto 0 otherwise. Without it Nagle holds
+        # the response body behind its headers until the client's delayed ACK (~40 ms a request).
+        self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((self.host, port))
         self.port: int = self._sock.getsockname()[1]

@@ -44,6 +44,7 @@ class EnginePublisher:
         bind: bool = True,
         shape: ReplayShape = "new",
         buffer_steps: int = 10_000,
+        sndhwm: int = 1_000_000,
     ) -> None:
         self.topic = topic.encode()
         self.shape = shape
@@ -53,7 +54,7 @@ class EnginePublisher:
         # subscribed, so tests never lose their first batch to the "slow joiner" race.
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.setsockopt(zmq.SNDHWM, 1_000_000)
+        self.pub.setsockopt(zmq.SNDHWM, sndhwm)
         if bind:
             self.pub.bind(endpoint)
         else:
@@ -64,6 +65,7 @@ class EnginePublisher:
         if replay_endpoint is not None:
             self.router = ctx.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
+            self.router.setsockopt(zmq.SNDHWM, 0)  # a replay is never cut short by the stand-in
             self.router.bind(replay_endpoint)
             self._task = asyncio.create_task(self._serve_replay())
 

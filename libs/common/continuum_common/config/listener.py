@@ -87,7 +87,7 @@ class ListenerLimits(Section):
     # A block stream that published nothing for this long gets an empty batch (liveness).
     keepalive_ms: int = Field(60_000, ge=100, le=3_600_000)
     # JetStream publishes awaiting their acknowledgement at once.
-    max_outstanding_acks: int = Field(512, ge=1, le=65_536)
+    max_outstanding_acks: int = Field(128, ge=1, le=65_536)
 
 
 class ListenerSalt(Section):

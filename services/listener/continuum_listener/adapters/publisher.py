@@ -44,7 +44,7 @@ from continuum_listener.metrics import ListenerMetrics
 
 log = logging.getLogger("continuum.listener.publisher")
 DEFAULT_MAX_PAYLOAD = 1 << 20  # nats-server's default, until the server tells us its own
-_SENDS_PER_YIELD = 64
+_SENDS_PER_YIELD = 16
 
 
 @dataclass(slots=True)
@@ -81,7 +81,7 @@ class JetStreamPublisher:
         *,
         capacity: int,
         name: str = "continuum-kv-listener",
-        window: int = 512,
+        window: int = 128,
         on_overflow: Callable[[str], None] | None = None,
         tracing: Tracing | None = None,
     ) -> None:

@@ -4,25 +4,32 @@ Continuity (kv-events-spec §5.1): the 8-byte seq of every message is checked ag
 one applied.
 
 * the next seq → apply;
-* a jump → ask the publisher's ROUTER (`replay_endpoint`) for the missing batches, apply them in
-  order, then the live one. A replay that starts after the first missing seq (the publisher's
-  buffer no longer holds it), times out or is not configured cannot restore the chain state: the
-  source starts a new epoch (`cleared`) and the loss is counted;
-* the first message after start-up with seq > 0 → replay from seq 0 to rebuild the chain state
-  the engine already holds (as much as its buffer still has);
-* seq going backwards → the publisher restarted: new epoch, then the same start-up replay.
+* a jump (the engine's PUB dropped batches at its high-water mark) → ask the publisher's ROUTER
+  (`replay_endpoint`) for everything it buffers from the first missing seq on, and apply it in
+  order: one replay catches up a whole backlog of drops, and the live copies of batches it
+  applied, still queued in the SUB, are then skipped as duplicates. A replay that starts after
+  the first missing seq (the publisher's buffer no longer holds it), times out before the live
+  batch, or is not configured cannot restore the state: the source starts a new epoch and the
+  loss is counted;
+* the first message after start-up with seq > 0 → replay from seq 0 to rebuild the state the
+  engine already holds (as much as its buffer still has);
+* seq going backwards (outside a replayed range) → the publisher restarted: new epoch, then the
+  same start-up replay.
 
-Live messages that arrive during a replay wait in the SUB socket's queue (bounded by its
-high-water mark; overflow there shows up as one more gap).
+A gap is only visible when a later batch arrives, so batches the PUB dropped at the end of a
+burst would go unnoticed while the engine is quiet. After a gap or a backpressure pause the
+source therefore checks the tail once its SUB queue has been empty for `quiet` seconds (50 ms):
+the same open-ended replay from the next expected seq (no answer proves no loss; a buffer that
+no longer starts there is an unrecoverable gap).
 
-Flow: queued messages are read without blocking for at most `budget` seconds (5 ms) at a time,
+Flow: queued messages are read without blocking for at most `budget` seconds (2 ms) at a time,
 then the loop yields, so the HTTP server and the publisher are served during a backlog. Before
 reading, the source awaits the publisher's room (backpressure): while the publish queue is full
 it reads nothing, the SUB queue and then the engine's PUB fill up, and what the PUB drops comes
-back through the replay above. A replay pauses the same way; its DEALER's receive high-water
-mark is the SUB's, so replies wait in the socket rather than being dropped by the engine's
-ROUTER. A resync of a block stream (`pipeline.replay_wanted`) replays the engine's buffer from
-seq 0 into the new epoch, as at start-up.
+back through the replay above. A replay pauses and yields the same way; its DEALER's receive
+queue is unbounded (the engine's buffer bounds a replay), so replies wait there rather than
+being dropped by the engine's ROUTER. A resync of a block stream (`pipeline.replay_wanted`)
+replays the engine's buffer from seq 0 into the new epoch, as at start-up.
 """
 
 from __future__ import annotations
@@ -59,7 +66,8 @@ class ZmqSource:
         *,
         rcvhwm: int | None = None,
         max_replay_seconds: float = 30.0,
-        budget: float = 0.005,
+        budget: float = 0.002,
+        quiet: float = 0.05,
     ) -> None:
         self.ctx = ctx
         self.source = source
@@ -70,7 +78,9 @@ class ZmqSource:
         self.replay_timeout = source.request_timeout_ms / 1000
         self.max_replay_seconds = max_replay_seconds
         self.budget = budget
+        self.quiet = quiet
         self.seq = SeqTracker()
+        self.suspect = False  # the engine's PUB may have dropped batches we have not seen a gap for
 
     def _open(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
         """The SUB socket and its monitor (attached before connecting, so no event is missed)."""
@@ -110,6 +120,8 @@ class ZmqSource:
     async def _read(self, sub: zmq.asyncio.Socket, reader: zmq.Socket[bytes]) -> None:
         """Apply queued messages for up to `budget` seconds; wait for one when none is queued."""
         pipeline = self.pipeline
+        if self._blocked():
+            self.suspect = True  # while we do not read, the engine's PUB may drop
         await pipeline.wait_room()
         if pipeline.replay_wanted:
             await self._restate()
@@ -118,7 +130,10 @@ class ZmqSource:
             try:
                 frames = reader.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                await sub.poll(timeout=500)  # POLLIN; wakes now and then for a resync
+                if not self.suspect:
+                    await sub.poll(timeout=500)  # POLLIN; wakes now and then for a resync
+                elif not await sub.poll(timeout=int(self.quiet * 1000)):
+                    await self._check_tail()
                 return
             await self.handle(frames)
             if time.monotonic() >= deadline or self._blocked():
@@ -136,6 +151,33 @@ class ZmqSource:
         await asyncio.sleep(0)
         await self.pipeline.wait_room()
         return time.monotonic() - started
+
+    async def _check_tail(self) -> None:
+        self.suspect = False
+        if self.seq.last is not None and self.source.replay_endpoint is not None:
+            await self._catch_up(self.seq.last + 1, None)
+
+    async def _catch_up(self, start: int, live: int | None) -> bool:
+        """Replay everything the engine buffers from `start` on (one request catches up a whole
+        backlog of drops, rather than one per gap). `live` is the seq of the live batch that
+        showed the gap: when the replay did not reach the batch before it, what is missing is
+        counted and a new epoch starts. True when the replay covered `live` itself.
+
+        No answer to a tail check (`live` None) proves no loss; a buffer that starts after
+        `start` does, and the replay starts a new epoch itself."""
+        await self._replay(start, None, fresh=False)
+        last = self.seq.last
+        if last is not None and last >= start:
+            self.seq.replayed(start, last)  # live copies still queued in the SUB are duplicates
+        if live is None:
+            return False
+        reached = -1 if last is None else last
+        if reached >= live:
+            return True
+        if reached < live - 1:
+            self.pipeline.drop("replay_lost", live - 1 - reached)
+            self.pipeline.start_epoch("gap")
+        return False
 
     async def _restate(self) -> None:
         """Resync of the block stream: replay what the engine still buffers into the new epoch."""
@@ -168,21 +210,24 @@ class ZmqSource:
             self.pipeline.drop(exc.reason)
             return
         decision = self.seq.observe(frame.seq)
+        if decision.action is SeqAction.DUPLICATE:
+            return
         if decision.action is SeqAction.RESTART:
             log.warning("source %s: publisher seq went back to %d: restart", self.backend, frame.seq)
             self.pipeline.start_epoch("publisher_restart")
             self.seq.forget()
         if decision.action is SeqAction.GAP:
-            recovered = await self._replay(decision.missing_from, frame.seq, fresh=False)
-            if not recovered:
-                self.pipeline.start_epoch("gap")
+            self.suspect = True  # the PUB is dropping: more may be missing after the last one seen
+            if await self._catch_up(decision.missing_from, frame.seq):
+                return  # the replay reached past this batch: it is applied already
         elif decision.action is not SeqAction.APPLY and frame.seq > 0:
             await self._replay(0, frame.seq, fresh=True)  # JOIN, or RESTART past seq 0
         self.seq.advance(frame.seq)
         self.pipeline.apply_payload(frame.payload)
 
-    async def _replay(self, start: int, end: int, *, fresh: bool) -> bool:
-        """Apply batches [start, end) from the replay socket. True when all were recovered.
+    async def _replay(self, start: int, end: int | None, *, fresh: bool) -> bool:
+        """Apply batches [start, end) from the replay socket (`end` None: everything the engine
+        has from `start` on). True when all were recovered.
 
         `fresh`: nothing is tracked yet (start-up or restart), so a partial history is still
         useful and never forces a new epoch."""
@@ -190,18 +235,21 @@ class ZmqSource:
         if endpoint is None:
             if not fresh:
                 self.metrics.replay(self.backend, "failed")
-                self.pipeline.drop("replay_lost", end - start)
+                if end is not None:
+                    self.pipeline.drop("replay_lost", end - start)
             return fresh
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        # Unbounded: the replay is bounded by the engine's buffer, and replies must wait here
+        # (not be dropped by the engine's ROUTER) while backpressure pauses the reading.
+        dealer.setsockopt(zmq.RCVHWM, 0)
         try:
             dealer.connect(endpoint)
             await dealer.send_multipart(replay_request(start))
             expected, outcome, fresh = await self._apply_replies(dealer, start, end, fresh)
         finally:
             dealer.close(linger=0)
-        if expected < end:
+        if end is not None and expected < end:
             self.pipeline.drop("replay_lost", end - expected)
             if outcome == "recovered":
                 outcome = "failed"
@@ -209,14 +257,14 @@ class ZmqSource:
         return outcome == "recovered" or (fresh and outcome == "partial")
 
     async def _apply_replies(
-        self, dealer: zmq.asyncio.Socket, start: int, end: int, fresh: bool
+        self, dealer: zmq.asyncio.Socket, start: int, end: int | None, fresh: bool
     ) -> tuple[int, str, bool]:
         """Read replies until `end` or the end marker; returns (next expected seq, outcome,
         fresh)."""
         expected, outcome = start, "recovered"
         deadline = time.monotonic() + self.max_replay_seconds
         yield_at = time.monotonic() + self.budget
-        while expected < end:
+        while end is None or expected < end:
             if time.monotonic() >= yield_at or self._blocked():
                 deadline += await self._pause()
                 yield_at = time.monotonic() + self.budget
@@ -235,13 +283,13 @@ class ZmqSource:
                 continue
             if item.seq > expected:
                 # The publisher's buffer starts after what we asked for.
-                self.pipeline.drop("replay_lost", min(item.seq, end) - expected)
+                self.pipeline.drop("replay_lost", (item.seq if end is None else min(item.seq, end)) - expected)
                 if not fresh:
                     self.pipeline.start_epoch("replay_lost")
                     fresh = True  # from here on we rebuild as after a restart
                 outcome = "partial"
                 expected = item.seq
-                if expected >= end:
+                if end is not None and expected >= end:
                     break
             self.seq.advance(item.seq)
             self.pipeline.apply_payload(item.payload)

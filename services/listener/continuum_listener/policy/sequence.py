@@ -16,6 +16,7 @@ class SeqAction(Enum):
     JOIN = "join"  # first batch seen and it is not seq 0: history before it may be replayable
     GAP = "gap"  # batches [expected, seq) were lost in transit: replay them
     RESTART = "restart"  # seq went backwards: the publisher restarted
+    DUPLICATE = "duplicate"  # already applied from a replay that ran ahead of the live feed
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +30,16 @@ class SeqTracker:
 
     def __init__(self) -> None:
         self.last: int | None = None
+        # Seqs a tail replay applied before their live copies arrived: (first, last).
+        self._replayed: tuple[int, int] | None = None
 
     def observe(self, seq: int) -> SeqDecision:
         last = self.last
+        if self._replayed is not None:
+            first, through = self._replayed
+            if first <= seq <= through:
+                return SeqDecision(SeqAction.DUPLICATE)
+            self._replayed = None
         if last is None:
             return SeqDecision(SeqAction.APPLY) if seq == 0 else SeqDecision(SeqAction.JOIN, 0)
         if seq == last + 1:
@@ -43,8 +51,14 @@ class SeqTracker:
     def advance(self, seq: int) -> None:
         self.last = seq
 
+    def replayed(self, first: int, through: int) -> None:
+        """A replay without an end bound applied [first, through]: their live copies, still on
+        their way, are duplicates (until a seq outside that range arrives)."""
+        self._replayed = (first, through)
+
     def forget(self) -> None:
         self.last = None
+        self._replayed = None
 
 
 class IdAction(Enum):
