@@ -117,10 +117,5 @@ class Texts:
     def text(self, count: int, rng: random.Random, *, leading_space: bool = False) -> str:
         return self.codec.decode(self.codec.generate(count, rng, leading_space=leading_space))
 
-    def cut(self, text: str, count: int) -> str:
-        """`text` cut to its first `count` tokens."""
-        ids = self.codec.encode(text)
-        return text if len(ids) <= count else self.codec.decode(ids[:count])
-
     def chat_ids(self, messages: list[ChatMessage]) -> list[int]:
         return self.codec.chat_ids(messages)

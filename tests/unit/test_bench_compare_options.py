@@ -16,6 +16,7 @@ from bench.fleet.continuum import STACKS, KvStack, kv_index_config, listener_con
 from bench.fleet.harness import ROUTERS, FleetContext, router_urls
 from bench.fleet.runner import FleetBenchOptions, build_workload, engine_configs, router_list
 from bench.fleet.tokens import HfTokenizerFiles, Texts, make_codec, train_hf_tokenizer
+from bench.fleet.trace import TRACE_BLOCK, BlockTexts
 from continuum_common.config.listener import ListenerConfig
 from continuum_common.config.loader import parse
 from continuum_common.config.router import RouterConfig
@@ -189,10 +190,20 @@ def test_texts_have_about_the_hf_token_count(hf_files: HfTokenizerFiles) -> None
     for count in (1, 37, 512, 2000):
         text = texts.text(count, random.Random(count))
         assert abs(len(texts.codec.encode(text)) - count) <= 2
-        assert len(texts.codec.encode(texts.cut(text + text, count))) <= count + 1
     a = texts.text(500, random.Random(9), leading_space=True)
     assert a == texts.text(500, random.Random(9), leading_space=True), "deterministic"
     assert a.startswith(" ")
+
+
+def test_trace_prompts_with_the_hf_tokenizer(hf_files: HfTokenizerFiles) -> None:
+    codec = make_codec("hf", hf_files)
+    blocks = BlockTexts(Texts(codec))
+    text_a, a = blocks.prompt([1, 2, 3], 2 * TRACE_BLOCK + 100)
+    text_b, b = blocks.prompt([1, 2, 7], 3 * TRACE_BLOCK)
+    assert a == codec.encode(text_a) and b == codec.encode(text_b), "the ids the engine will see"
+    assert abs(len(a) - (2 * TRACE_BLOCK + 100)) <= 4 and abs(len(b) - 3 * TRACE_BLOCK) <= 4
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert 2 * TRACE_BLOCK - 4 <= shared <= 2 * TRACE_BLOCK + 4, "equal hash ids give equal leading tokens"
 
 
 def test_make_codec_needs_files_for_hf() -> None:
