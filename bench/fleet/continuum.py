@@ -23,7 +23,6 @@ from typing import Any, Literal
 import httpx
 
 from bench.fleet.harness import FleetContext, console, process, router, wait_until
-from continuum_common.config.listener import ListenerSource
 from continuum_common.procs import NatsServer, RedisServer
 from continuum_sim import listener_sources, router_backends
 
@@ -111,13 +110,9 @@ def kv_index_config(ctx: FleetContext, stack: KvStack, salt_file: str) -> dict[s
 def listener_config(ctx: FleetContext, stack: KvStack, nats_url: str, salt_file: str) -> dict[str, Any]:
     sources = []
     for source in listener_sources(ctx.endpoints):
+        source["publish"] = stack.publish
         if stack.publish == "prefix":
             source["prefix_key_mode"] = "auto"
-            # A listener from before per-source `publish` runs the prefix-key pipeline anyway.
-            if "publish" in ListenerSource.model_fields:
-                source["publish"] = "prefix"
-        else:
-            source["publish"] = "blocks"
         sources.append(source)
     return {
         "listen": "127.0.0.1:0",

@@ -81,36 +81,33 @@ def write_trace(path: Path, lines: Sequence[TraceLine]) -> None:
 
 
 class BlockTexts:
-    """Text (and, with an exact codec, token ids) of trace blocks by hash id (bounded LRU: a
-    long trace must not grow memory)."""
+    """Token ids of trace blocks by hash id (bounded LRU: a long trace must not grow memory)."""
 
     def __init__(self, texts: Texts, capacity: int = 2048) -> None:
         self.texts = texts
         self.capacity = capacity
-        self._cache: OrderedDict[int, tuple[str, list[int]]] = OrderedDict()
+        self._cache: OrderedDict[int, list[int]] = OrderedDict()
 
-    def block(self, hash_id: int) -> tuple[str, list[int]]:
-        entry = self._cache.get(hash_id)
-        if entry is None:
-            text = self.texts.text(TRACE_BLOCK, random.Random(hash_id), leading_space=True)
-            entry = (text, self.texts.codec.encode(text) if self.texts.codec.exact else [])
-            self._cache[hash_id] = entry
+    def block(self, hash_id: int) -> list[int]:
+        ids = self._cache.get(hash_id)
+        if ids is None:
+            ids = self.texts.codec.generate(TRACE_BLOCK, random.Random(hash_id), leading_space=True)
+            self._cache[hash_id] = ids
             if len(self._cache) > self.capacity:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(hash_id)
-        return entry
+        return ids
 
     def prompt(self, hash_ids: Sequence[int], input_length: int) -> tuple[str, list[int]]:
-        """The prompt text of `input_length` tokens made of these blocks, and its token ids."""
+        """The prompt text of `input_length` tokens made of these blocks, and its token ids as
+        the engine will tokenize it (with a Hugging Face tokenizer a cut word at a block's end
+        can tokenize differently inside the whole text: the ids are those of the text)."""
         codec = self.texts.codec
         need = max(1, -(-input_length // TRACE_BLOCK))
-        blocks = [self.block(h) for h in hash_ids[:need]]
-        if codec.exact:
-            ids = [token for _, block_ids in blocks for token in block_ids][: max(input_length, 1)]
-            return codec.decode(ids), ids
-        text = self.texts.cut("".join(t for t, _ in blocks), max(input_length, 1))
-        return text, codec.encode(text)
+        ids = [token for h in hash_ids[:need] for token in self.block(h)][: max(input_length, 1)]
+        text = codec.decode(ids)
+        return text, ids if codec.exact else codec.encode(text)
 
 
 @dataclass

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as HfTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from bench import compare
 from bench.fleet import cli as fleet_cli
 from bench.fleet.continuum import STACKS, KvStack, kv_index_config, listener_config
 from bench.fleet.harness import ROUTERS, FleetContext, router_urls
 from bench.fleet.runner import FleetBenchOptions, build_workload, engine_configs, router_list
-from bench.fleet.tokens import BuiltinCodec, HfCodec, HfTokenizerFiles, Texts, make_codec
-from continuum_common.config.listener import ListenerSource
+from bench.fleet.tokens import HfTokenizerFiles, Texts, make_codec, train_hf_tokenizer
+from bench.fleet.trace import TRACE_BLOCK, BlockTexts
+from continuum_common.config.listener import ListenerConfig
 from continuum_common.config.loader import parse
 from continuum_common.config.router import RouterConfig
 from continuum_sim import EngineEndpoints, Tokenizer, render_chat
@@ -85,13 +85,16 @@ def test_engine_configs_carry_the_hf_tokenizer_only_when_asked(tmp_path: Path) -
     opts = FleetBenchOptions(engines=2, max_model_len=8192, num_gpu_blocks=600)
     configs = engine_configs(opts)
     assert [c.max_model_len for c in configs] == [8192, 8192]
-    assert all(not hasattr(c, "tokenizer") or c.tokenizer is None for c in configs)  # type: ignore[attr-defined]
+    assert all(c.tokenizer is None and c.chat_template is None for c in configs)
     with pytest.raises(ValueError, match="trained tokenizer"):
         engine_configs(replace(opts, tokenizer="hf"))
+    files = HfTokenizerFiles(tmp_path / "tokenizer.json", tmp_path / "chat_template.jinja")
+    configs = engine_configs(replace(opts, tokenizer="hf", hf_tokenizer=files))
+    assert {(c.tokenizer, c.chat_template) for c in configs} == {(str(files.tokenizer), str(files.chat_template))}
 
 
 def test_build_workload_knows_conversations() -> None:
-    texts = Texts(BuiltinCodec())
+    texts = Texts(make_codec("builtin"))
     opts = FleetBenchOptions(workload="conversations", duration=60, rate=1.0, system_prompts=3, max_model_len=16384)
     workload = build_workload(opts, texts)
     info = workload.describe()
@@ -145,10 +148,9 @@ def test_listener_sources_publish_what_the_stack_matches(tmp_path: Path) -> None
     assert [s["publish"] for s in blocks["sources"]] == ["blocks", "blocks"]
     assert blocks["bus"] == {"embedded": False, "url": "nats://127.0.0.1:4999"}
     prefix = listener_config(ctx, dict(STACKS)["continuum-prefix-hash-kv"], "nats://127.0.0.1:4999", "/tmp/salt")
-    for source in prefix["sources"]:
-        assert source["prefix_key_mode"] == "auto"
-        assert source.get("publish", "prefix") == "prefix"
-        assert ("publish" in source) == ("publish" in ListenerSource.model_fields)
+    assert [(s["publish"], s["prefix_key_mode"]) for s in prefix["sources"]] == [("prefix", "auto")] * 2
+    for doc in (blocks, prefix):
+        parse(ListenerConfig, doc)
 
 
 # -- codecs --------------------------------------------------------------------------------
@@ -165,46 +167,43 @@ def test_builtin_codec_matches_the_engine() -> None:
 
 @pytest.fixture(scope="module")
 def hf_files(tmp_path_factory: pytest.TempPathFactory) -> HfTokenizerFiles:
-    """A tiny byte-level BPE tokenizer and a ChatML template, trained here (no download)."""
-    out = tmp_path_factory.mktemp("hf")
-    tok = HfTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
-    texts = Texts(BuiltinCodec())
-    tok.train_from_iterator([texts.text(200, random.Random(i)) for i in range(50)], trainer)
-    tok.save(str(out / "tokenizer.json"))
-    template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    (out / "chat_template.jinja").write_text(template)
-    return HfTokenizerFiles(out / "tokenizer.json", out / "chat_template.jinja")
+    """The simulator's small trained byte-level BPE tokenizer and its ChatML template."""
+    return train_hf_tokenizer(tmp_path_factory.mktemp("hf"))
 
 
-def test_hf_codec_renders_chatml_and_tokenizes_without_added_specials(hf_files: HfTokenizerFiles) -> None:
-    codec = HfCodec(hf_files)
+def test_hf_codec_tokenizes_like_the_engine(hf_files: HfTokenizerFiles) -> None:
+    codec = make_codec("hf", hf_files)
     messages = [ChatMessage("system", "Be brief."), ChatMessage("user", "Why is the sky blue?")]
     rendered = codec.render(messages)
-    assert rendered == render_chat(messages), "the same ChatML text as the simulator's template"
+    assert rendered == render_chat(messages), "the same ChatML text as the built-in template"
     ids = codec.chat_ids(messages)
     raw = HfTokenizer.from_file(str(hf_files.tokenizer))
     assert ids == raw.encode(rendered, add_special_tokens=False).ids
     assert ids[0] == raw.token_to_id("<|im_start|>"), "special tokens in the template text are single tokens"
     assert codec.decode(ids) == rendered
+    assert codec.encode("Hello there") == raw.encode("Hello there", add_special_tokens=True).ids
+    assert ids != make_codec("builtin").chat_ids(messages), "a different tokenizer than the built-in one"
 
 
-def test_texts_cut_to_the_hf_token_count(hf_files: HfTokenizerFiles) -> None:
-    texts = Texts(HfCodec(hf_files))
+def test_texts_have_about_the_hf_token_count(hf_files: HfTokenizerFiles) -> None:
+    texts = Texts(make_codec("hf", hf_files))
     for count in (1, 37, 512, 2000):
         text = texts.text(count, random.Random(count))
         assert abs(len(texts.codec.encode(text)) - count) <= 2
     a = texts.text(500, random.Random(9), leading_space=True)
     assert a == texts.text(500, random.Random(9), leading_space=True), "deterministic"
     assert a.startswith(" ")
+
+
+def test_trace_prompts_with_the_hf_tokenizer(hf_files: HfTokenizerFiles) -> None:
+    codec = make_codec("hf", hf_files)
+    blocks = BlockTexts(Texts(codec))
+    text_a, a = blocks.prompt([1, 2, 3], 2 * TRACE_BLOCK + 100)
+    text_b, b = blocks.prompt([1, 2, 7], 3 * TRACE_BLOCK)
+    assert a == codec.encode(text_a) and b == codec.encode(text_b), "the ids the engine will see"
+    assert abs(len(a) - (2 * TRACE_BLOCK + 100)) <= 4 and abs(len(b) - 3 * TRACE_BLOCK) <= 4
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert 2 * TRACE_BLOCK - 4 <= shared <= 2 * TRACE_BLOCK + 4, "equal hash ids give equal leading tokens"
 
 
 def test_make_codec_needs_files_for_hf() -> None:

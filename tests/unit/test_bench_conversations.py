@@ -22,7 +22,7 @@ from bench.fleet.conversations import (
 from bench.fleet.conversations import main as conversations_main
 from bench.fleet.describe import main as describe_main
 from bench.fleet.describe import markdown_table, trace_stats
-from bench.fleet.tokens import BuiltinCodec, Texts
+from bench.fleet.tokens import Texts, make_codec
 from bench.fleet.trace import TRACE_BLOCK, TraceLine, load_trace, write_trace
 
 SHAPE = ConversationShape()
@@ -184,7 +184,7 @@ def test_generated_statistics_resemble_production_conversations() -> None:
 
 
 async def test_live_sessions_follow_the_plan_and_resend_the_history() -> None:
-    texts = Texts(BuiltinCodec())
+    texts = Texts(make_codec("builtin"))
     workload = ConversationsWorkload(texts, duration=400, seed=11, max_model_len=32_768)
     session = next(s for s in workload.sessions() if len(s.plan.turns) >= 2)  # type: ignore[attr-defined]
     plan = session.plan  # type: ignore[attr-defined]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.fleet.ideal import IdealCache
-from bench.fleet.tokens import BuiltinCodec, Texts
+from bench.fleet.tokens import Texts, make_codec
 from bench.fleet.trace import TRACE_BLOCK, BlockTexts, synthesize
 from continuum_sim.protocol.tokenizer import Tokenizer
 
@@ -28,7 +28,7 @@ def test_ideal_capacity_evicts_least_recently_used_tail_first() -> None:
 
 def test_trace_prompts_have_exact_lengths_and_shared_blocks() -> None:
     tok = Tokenizer()
-    blocks = BlockTexts(Texts(BuiltinCodec(tok)))
+    blocks = BlockTexts(Texts(make_codec("builtin")))
     text_a, a = blocks.prompt([1, 2, 3], 2 * TRACE_BLOCK + 100)
     _, b = blocks.prompt([1, 2, 7], 3 * TRACE_BLOCK)
     assert len(a) == 2 * TRACE_BLOCK + 100 and len(b) == 3 * TRACE_BLOCK
