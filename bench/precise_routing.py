@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.ingress_latency import _free_port, _wait_port
+from bench.ingress_latency import _free_port
 from continuum_common.procs import NatsServer
 from continuum_sim.hf_tokenizer import train_tokenizer
 from continuum_sim.protocol.generation import TextGenerator
@@ -86,9 +86,15 @@ def config(backend_port: int, precise: bool, tokenizer: Any, nats_url: str) -> d
             "backend": "memory",
             "groups": [
                 {
-                    "name": "fleet", "models": [MODEL], "mode": "precise", "engine": "vllm", "block_size": 16,
-                    "hash_seed": "0", "tokenizer": str(tokenizer.tokenizer), "chat_template": str(tokenizer.chat_template),
-                }  # fmt: skip
+                    "name": "fleet",
+                    "models": [MODEL],
+                    "mode": "precise",
+                    "engine": "vllm",
+                    "block_size": 16,
+                    "hash_seed": "0",
+                    "tokenizer": str(tokenizer.tokenizer),
+                    "chat_template": str(tokenizer.chat_template),
+                }
             ],
         }
     return data
@@ -112,6 +118,19 @@ async def drive(port: int, convs: list[list[dict[str, Any]]], sizes: list[list[i
     return out
 
 
+async def _port_open(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {port} did not open") from None
+            await asyncio.sleep(0.05)
+
+
 def keys_seconds(port: int) -> tuple[float, float]:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     total = count = 0.0
@@ -128,22 +147,23 @@ async def run_once(precise: bool, args: argparse.Namespace, workdir: Path, env: 
     backend_port, ingress_port = _free_port(), _free_port()
     path = workdir / f"config-{'precise' if precise else 'baseline'}.yaml"
     path.write_text(yaml.safe_dump(config(backend_port, precise, tokenizer, nats_url)))
-    backend = subprocess.Popen([sys.executable, "-m", "bench.ingress_latency", "backend", str(backend_port)], env=env)
-    ingress = subprocess.Popen(
-        [sys.executable, "-m", "continuum_ingress", "serve", "--config", str(path), "--port", str(ingress_port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
+    backend = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.ingress_latency", "backend", str(backend_port), env=env
     )
+    ingress = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "continuum_ingress", "serve", "--config", str(path), "--port", str(ingress_port),
+        env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
-        await asyncio.to_thread(_wait_port, backend_port, backend)
-        await asyncio.to_thread(_wait_port, ingress_port, ingress)
+        await _port_open(backend_port)
+        await _port_open(ingress_port)
         await asyncio.sleep(1.0)  # the KV component connects to NATS in the background
         results = await drive(ingress_port, convs, sizes)
-        spent, calls = keys_seconds(ingress_port) if precise else (0.0, 0.0)
+        spent, calls = await asyncio.to_thread(keys_seconds, ingress_port) if precise else (0.0, 0.0)
     finally:
         for proc in (ingress, backend):
             proc.terminate()
-            proc.wait(10)
+            await asyncio.wait_for(proc.wait(), 10)
     long = sorted(s for tokens, s in results if tokens >= LONG)
     every = sorted(s for _, s in results)
     return {
