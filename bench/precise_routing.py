@@ -118,17 +118,15 @@ async def drive(port: int, convs: list[list[dict[str, Any]]], sizes: list[list[i
     return out
 
 
-async def _port_open(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"port {port} did not open") from None
-            await asyncio.sleep(0.05)
+async def _port_open(port: int) -> None:
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                return
+            except OSError:
+                await asyncio.sleep(0.05)
 
 
 def keys_seconds(port: int) -> tuple[float, float]:
