@@ -269,21 +269,24 @@ def test_base64_embedding_is_little_endian_float32() -> None:
     assert np.allclose(np.frombuffer(base64.b64decode(encode_base64(vec)), dtype="<f4"), vec)
 
 
-async def test_client_disconnect_aborts_and_frees_blocks(fleet: SimFleet, http: httpx.AsyncClient) -> None:
-    engine = fleet.engines[0]
-    body = {"prompt": "disconnect " * 300, "max_tokens": 5000, "stream": True}
-    async with http.stream("POST", "/v1/completions", json=body) as resp:
-        async for line in resp.aiter_lines():
-            if line.startswith("data: {"):
+async def test_client_disconnect_aborts_and_frees_blocks() -> None:
+    # Its own engine at time_scale 0.1: 5,000 tokens take ~2.5 s to generate, so even a busy
+    # machine notices the hang-up long before the request could finish on its own.
+    async with SimFleet(1, time_scale=0.1) as fleet, httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as http:
+        engine = fleet.engines[0]
+        body = {"prompt": "disconnect " * 300, "max_tokens": 5000, "stream": True}
+        async with http.stream("POST", "/v1/completions", json=body) as resp:
+            async for line in resp.aiter_lines():
+                if line.startswith("data: {"):
+                    break
+            assert engine.pool.num_free_blocks < engine.pool.capacity
+        for _ in range(250):
+            if not engine.scheduler.has_work:
                 break
-        assert engine.pool.num_free_blocks < engine.pool.capacity
-    for _ in range(100):
-        if not engine.scheduler.has_work:
-            break
-        await asyncio.sleep(0.02)
-    assert not engine.scheduler.has_work
-    assert engine.pool.num_free_blocks == engine.pool.capacity, "the aborted request released its blocks"
-    assert "continuum_sim_requests_aborted_total 1.0" in (await http.get("/metrics")).text
+            await asyncio.sleep(0.02)
+        assert not engine.scheduler.has_work
+        assert engine.pool.num_free_blocks == engine.pool.capacity, "the aborted request released its blocks"
+        assert "continuum_sim_requests_aborted_total 1.0" in (await http.get("/metrics")).text
 
 
 async def test_full_waiting_queue_answers_503() -> None:

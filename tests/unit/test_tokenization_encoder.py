@@ -5,6 +5,7 @@ conversations; the caches are really used; unsupported tokenizers fall back to w
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -155,10 +156,15 @@ def test_supported_families_pass_the_self_check(families: dict[str, LocalTokeniz
     assert (both.prefix_ids, both.suffix_ids) == ((0,), (1,))
 
 
-def test_unsupported_families_fall_back_to_whole_texts(families: dict[str, LocalTokenizer]) -> None:
+def test_unsupported_families_fall_back_to_whole_texts(
+    families: dict[str, LocalTokenizer], caplog: pytest.LogCaptureFixture
+) -> None:
     hasher = make_block_hasher("vllm", 4, hash_seed="0")
+    caplog.set_level(logging.WARNING, logger="continuum.tokenization")  # whatever earlier tests set
     for name, reason in REFUSED.items():
+        caplog.clear()
         encoder = PromptEncoder(families[name], hasher)
+        assert "piece-by-piece encoding is off" in caplog.text and reason in caplog.text
         assert not encoder.piecewise and reason in encoder.support.reason, (name, encoder.support.reason)
         text = "Hello world, hello cache.<s> Again the same text"
         assert encoded(encoder, text, False) == reference(families[name], hasher, text, False)

@@ -24,6 +24,7 @@ single-threaded; errors are TokenizationError. When the tokenizer cannot be run 
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import time
 from collections.abc import Hashable, Sequence
@@ -36,6 +37,8 @@ from continuum_common.tokenization.errors import TokenizationError
 from continuum_common.tokenization.local import LocalTokenizer
 from continuum_common.tokenization.pieces import Piece, TextSplitter
 from continuum_common.tokenization.support import PiecewiseSupport, check_piecewise
+
+log = logging.getLogger("continuum.tokenization")
 
 _SUFFIX = ("\x00suffix",)
 _NODE_OVERHEAD = 200  # bytes of a node object, its key tuple and the LRU slot, roughly
@@ -100,6 +103,12 @@ class PromptEncoder:
         self._ids = itertools.count(1)
         probe = ChunkTokenizer(tokenizer, 1 << 20)
         self.support: PiecewiseSupport = check_piecewise(tokenizer, lambda text: _flat(probe, self._splitter, text))
+        if not self.support.ok:
+            log.warning(
+                "tokenizer %s: piece-by-piece encoding is off (%s); every prompt is tokenized whole",
+                tokenizer.path.name,
+                self.support.reason,
+            )
 
     @property
     def piecewise(self) -> bool:
