@@ -133,7 +133,7 @@ async def block_reads(number: int, fill: int) -> None:
                     for _ in range(50):
                         await index.match_many(query)
                     samples = []
-                    for _ in range(min(number, 2000)):
+                    for _ in range(min(number, 500)):
                         started = time.perf_counter()
                         await index.match_many(query)
                         samples.append((time.perf_counter() - started) * 1e6)
@@ -156,7 +156,7 @@ async def main() -> None:
     parser.add_argument("--fill", type=int, default=20_000, help="--blocks: other blocks each backend holds")
     args = parser.parse_args()
     if args.blocks:
-        await block_reads(min(args.number, 2000), args.fill)
+        await block_reads(min(args.number, 1000), args.fill)
         return
     await memory(args.prefixes, args.number)
     await redis_reads(min(args.prefixes, 20_000), min(args.number, 5000))

@@ -56,6 +56,21 @@ local pend = {}  -- tombstone field -> stamp, written to t0 at the end of each b
 local npend = 0
 
 local function fmt(x) return string.format('%d', x) end
+
+-- n 8-byte hashes from blob at pos, as a table (struct.unpack's 'c8' slices in C, up to 1000
+-- at a time: Lua's C stack bounds how many values one call returns)
+local C8 = {}
+local function hashes(blob, pos, n)
+  local out = {}
+  for first = 0, n - 1, 1000 do
+    local k = math.min(1000, n - first)
+    local f = C8[k]
+    if not f then f = string.rep('c8', k); C8[k] = f end
+    local part = {struct.unpack(f, blob, pos + 8 * first)}
+    for j = 1, k do out[first + j] = part[j] end
+  end
+  return out
+end
 local function new_gen() gen = math.max(gen + 1, now_us) end
 
 -- redis.call(cmd, key, <prefix...>, items...) in chunks (Lua's unpack has a stack limit)
@@ -127,8 +142,7 @@ end
 
 local function store(tier, blob, pos, n, st)
   local tag, check = TAG[tier], st <= tmax
-  local hs = {}
-  for k = 0, n - 1 do hs[k + 1] = sub(blob, pos + 8 * k, pos + 8 * k + 7) end
+  local hs = hashes(blob, pos, n)
   local old = {}
   if st <= pmax[tier] or check then old = hmget(HELD[tier], hs) end
   if st > pmax[tier] then pmax[tier] = st end
@@ -221,8 +235,8 @@ local function apply_events(blob, base, nev, pos)
       store(tier, blob, nxt, n, st)
     else
       run_tier = tier
-      for k = 0, n - 1 do
-        run_h[#run_h + 1] = sub(blob, nxt + 8 * k, nxt + 8 * k + 7)
+      for _, h in ipairs(hashes(blob, nxt, n)) do
+        run_h[#run_h + 1] = h
         run_st[#run_st + 1] = st
       end
     end
@@ -282,28 +296,30 @@ return {c.batches, c.applied, c.stale, c.stale_batches, c.clears, c.evicted}
 # KEYS: m, g, s.  ARGV[1]: the packed chain.  Returns {gpu, any, held, gen} (zeros for a
 # backend without state: never seen, or expired). Walks the chain in chunks (HMGET of 8, then
 # 32, 128, 256 blocks) and stops at the first block not held: exactly the leading run,
-# whatever the shape of the holdings.
+# whatever the shape of the holdings. The chunk sizes stay far below Lua's C-stack limit.
 MATCH = r"""
 local gen = redis.call('HGET', KEYS[1], 'gen')
 if not gen then return {0, 0, 0, 0} end
 local chain = ARGV[1]
 local n = math.floor(#chain / 8)
 local held = redis.call('HLEN', KEYS[2])
-local sub = string.sub
+local C8 = {}
 
-local function hashes(i, j)
-  local t = {}
-  for k = i, j do t[#t + 1] = sub(chain, 8 * k - 7, 8 * k) end
-  return t
+-- HMGET of the chain's blocks i..j, sliced in C by struct.unpack (its last value, the next
+-- position, is looked up too as a field that cannot exist: a number, not 8 bytes)
+local function lookup(key, i, j)
+  local f = C8[j - i + 1]
+  if not f then f = string.rep('c8', j - i + 1); C8[j - i + 1] = f end
+  return redis.call('HMGET', key, struct.unpack(f, chain, 8 * i - 7))
 end
 
 -- leading blocks held in GPU memory
 local gpu, i, step = n, 1, 8
 while i <= n do
   local j = math.min(n, i + step - 1)
-  local found = redis.call('HMGET', KEYS[2], unpack(hashes(i, j)))
+  local found = lookup(KEYS[2], i, j)
   local miss
-  for k = 1, #found do
+  for k = 1, j - i + 1 do
     if not found[k] then miss = k; break end
   end
   if miss then gpu = i + miss - 2; break end
@@ -317,12 +333,11 @@ if gpu < n and redis.call('EXISTS', KEYS[3]) == 1 then
   any, i, step = n, gpu + 1, 8
   while i <= n do
     local j = math.min(n, i + step - 1)
-    local hs = hashes(i, j)
-    local stored = redis.call('HMGET', KEYS[3], unpack(hs))
+    local stored = lookup(KEYS[3], i, j)
     local on_gpu, miss
-    for k = 1, #stored do
+    for k = 1, j - i + 1 do
       if not stored[k] then
-        on_gpu = on_gpu or redis.call('HMGET', KEYS[2], unpack(hs))
+        on_gpu = on_gpu or lookup(KEYS[2], i, j)
         if not on_gpu[k] then miss = k; break end
       end
     end
