@@ -271,7 +271,8 @@ def report(scenario: str, runs: list[Run]) -> None:
         print(
             f"  run {i}: {r.rate:>9,.0f} block events/s ({r.block_events:,} of {r.expected:,} in the stream, "
             f"{r.batches:,} batches, {r.epochs} epoch(s)); /healthz p50 {statistics.median(h):.1f} "
-            f"p99 {percentile(h, 0.99):.1f} max {max(h):.1f} ms (n={len(h)}); drops {r.drops:.0f}, "
+            f"p99 {percentile(h, 0.99):.1f} max {max(h):.1f} ms (n={len(h)}, "
+            f"{sum(1 for x in h if x > HEALTH_TARGET_MS)} over {HEALTH_TARGET_MS:.0f} ms); drops {r.drops:.0f}, "
             f"replays {r.replays:.0f}, pauses {r.pauses:.0f}; listener CPU {r.listener_cpu / max(r.block_events, 1) * 1e6:.1f} "
             f"µs/block event, nats-server {r.nats_cpu / max(r.block_events, 1) * 1e6:.1f}; lag at end {r.lag_ms:.0f} ms"
             + ("" if lost == 0 else f"  LOST {lost}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections import Counter
 from pathlib import Path
 
 import msgpack
@@ -34,6 +35,8 @@ from continuum_listener.protocol.blocks import (
     medium_tier,
     split,
 )
+from continuum_listener.protocol.fast_blocks import decode_into
+from continuum_listener.protocol.model import Stored
 from continuum_listener.testing import batch, removed, stored
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kv-events"
@@ -257,3 +260,100 @@ def test_arbitrary_stores_map_or_count_never_crash(hashes: list[int], tokens: in
     assert sum(skipped.values()) + sum(len(e.hashes) for e in events if not isinstance(e, AllCleared)) >= 1
     for event in events:
         assert all(0 <= h < U64 for h in event.hashes)  # type: ignore[union-attr]
+
+
+# -- the fast path (protocol.fast_blocks) gives what the generic decoder gives ----------------------
+
+
+def both_paths(payload: bytes, block_size: int | None) -> tuple[object, object]:
+    """(generic, fast) as (events, skipped, kinds, mismatches); fast is None when it refused,
+    generic is the reason when the whole batch was rejected."""
+    fast = fast_path(payload, block_size)
+    try:
+        decoded = engine.decode_batch(payload, block_size=block_size)
+    except DecodeError as exc:
+        return exc.reason, fast
+    out, skipped = EventBuilder(), dict(decoded.skipped)
+    BlockMapper(block_size).map(decoded.events, out, skipped)
+    kinds = Counter(type(e).__name__ for e in decoded.events)
+    generic = (out.build(), skipped, (kinds["Stored"], kinds["Removed"], kinds["Cleared"]),
+               sum(1 for e in decoded.events if isinstance(e, Stored) and e.mismatch))  # fmt: skip
+    return generic, fast
+
+
+def fast_path(payload: bytes, block_size: int | None) -> object:
+    out, skipped = EventBuilder(), dict[str, int]()
+    result = decode_into(payload, BlockMapper(block_size), out, skipped)
+    if result is None:
+        assert len(out) == 0 and skipped == {}  # refused before applying anything
+        return None
+    return out.build(), skipped, (result.stored, result.removed, result.cleared), result.mismatches
+
+
+@pytest.mark.parametrize("path", ALL_FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fast_path_takes_the_map_era_and_agrees(path: Path) -> None:
+    generic, fast = both_paths(path.read_bytes(), 16 if "page1" not in path.name else 1)
+    map_era = path.parent.name in ("vllm-20260609-5b3807e", "vllm-20260717-426d48b")
+    assert (fast is not None) == map_era
+    if fast is not None:
+        assert fast == generic
+
+
+_map_hash = st.integers(-(1 << 63), (1 << 64) - 1) | st.binary(min_size=0, max_size=66) | st.text(max_size=3)
+_map_event = st.fixed_dictionaries(
+    {"type": st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "BlockMoved"])},
+    optional={
+        "block_hashes": st.lists(_map_hash, max_size=4) | st.none(),
+        "parent_block_hash": _map_hash | st.none(),
+        "token_ids": st.lists(st.integers(0, 200_000), max_size=40) | st.none() | st.integers(0, 9),
+        "block_size": st.sampled_from([0, 1, 5, 16, -1]) | st.text(max_size=1),
+        "medium": st.sampled_from([None, "GPU", "CPU", "x" * 70]) | st.integers(0, 9),
+        "lora_name": st.none() | st.text(max_size=4) | st.integers(0, 9),
+        "group_idx": st.sampled_from([None, 0, 1, "0"]),
+        "kv_cache_spec_kind": st.sampled_from([None, "full_attention", "sliding_window", 3]),
+        "locality": st.none() | st.text(max_size=3),
+        "extra_keys": st.none() | st.lists(st.none() | st.lists(st.text(max_size=3), max_size=2), max_size=3),
+        "surprise": st.integers(0, 9),
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_map_event, max_size=8), st.sampled_from([None, 16]), st.sampled_from([0, 1, None, "r"]))
+def test_fast_path_agrees_with_the_generic_decoder_whenever_it_accepts(
+    events: list[dict[str, object]], block_size: int | None, rank: object
+) -> None:
+    payload = msgpack.packb([1767225600.5, events, rank], use_bin_type=True)
+    generic, fast = both_paths(payload, block_size)
+    if fast is not None:
+        assert fast == generic
+
+
+_good_hash = st.integers(-(1 << 63), (1 << 64) - 1) | st.binary(min_size=1, max_size=32)
+_good_stored = st.builds(
+    lambda hashes, parent, size, extra, medium, group, kind, lora: {
+        "type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+        "token_ids": [7] * (size * len(hashes) + extra) if size or extra else [], "block_size": size,
+        "lora_id": None, "medium": medium, "lora_name": lora, "group_idx": group, "kv_cache_spec_kind": kind,
+    },
+    st.lists(_good_hash, min_size=1, max_size=4), _good_hash | st.none(), st.sampled_from([0, 3, 16, 16, 16]),
+    st.sampled_from([0, 0, 0, 1]), st.sampled_from([None, "GPU", "CPU", "cpu_pinned"]), st.sampled_from([None, 0, 1]),
+    st.sampled_from([None, "full_attention", "sliding_window"]), st.none() | st.just("adapter"),
+)  # fmt: skip
+_good_removed = st.builds(
+    lambda hashes, medium, group: {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium, "group_idx": group},
+    st.lists(_good_hash, min_size=1, max_size=3), st.sampled_from([None, "GPU", "CPU"]), st.sampled_from([None, 0, 1]),
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(_good_stored | _good_removed | st.just({"type": "AllBlocksCleared"}), max_size=10),
+    st.sampled_from([None, 16]),
+)
+def test_fast_path_accepts_well_formed_map_batches_and_agrees(
+    events: list[dict[str, object]], block_size: int | None
+) -> None:
+    payload = msgpack.packb([1767225600.5, events, 0], use_bin_type=True)
+    generic, fast = both_paths(payload, block_size)
+    assert fast is not None and fast == generic

@@ -36,10 +36,12 @@ from continuum_listener.policy.rekey import Rekeyer
 from continuum_listener.policy.sequence import EventSequencer
 from continuum_listener.protocol.blocks import BlockMapper, EventBuilder
 from continuum_listener.protocol.engine import decode_batch
+from continuum_listener.protocol.fast_blocks import decode_into
 from continuum_listener.protocol.model import Batch, Cleared, EngineEvent, Moved, Removed, Stored
 
 log = logging.getLogger("continuum.listener")
 MAX_RANKS = 64
+_FAST_MISSES = 16  # consecutive batches the fast decoder refused before a source stops trying it
 
 
 class EventSink(Protocol):
@@ -122,6 +124,9 @@ class SourcePipeline:
         self.rekeyers: dict[int, Rekeyer] = {}
         self._pending = EventBuilder()
         self._skipped: dict[str, int] = {}
+        # Blocks only: try the fast decoder first (a prefix-key source needs the generic one).
+        self._fast = not self.prefix
+        self._fast_misses = 0
         self.replay_wanted = False  # a resync asks the ZMQ source to replay the engine's buffer
 
     # -- trackers and numbering ----------------------------------------------------------------
@@ -202,6 +207,16 @@ class SourcePipeline:
 
     def apply_payload(self, payload: bytes) -> None:
         """Decode one vLLM/SGLang payload frame and apply it (counted drop when malformed)."""
+        if self._fast and self.blocks is not None:
+            try:
+                if self._apply_fast(payload):
+                    return
+            except Exception:  # a bug must not stop the source: count, log (no payload), go on
+                self._pending = EventBuilder()
+                self._skipped.clear()
+                self.drop("other")
+                log.exception("source %s: failed to apply a batch of %d bytes", self.backend, len(payload))
+                return
         try:
             batch = decode_batch(payload, block_size=self.source.block_size)
         except DecodeError as exc:
@@ -213,6 +228,26 @@ class SourcePipeline:
             self._pending = EventBuilder()
             self.drop("other")
             log.exception("source %s: failed to apply a batch of %d events", self.backend, len(batch.events))
+
+    def _apply_fast(self, payload: bytes) -> bool:
+        """Blocks only: vLLM's map-encoded batches straight to block events (protocol.fast_blocks).
+        A source whose batches it keeps refusing (another era, SGLang) stops trying."""
+        fast = decode_into(payload, self.mapper, self._pending, self._skipped)
+        if fast is None:
+            self._fast_misses += 1
+            self._fast = self._fast_misses < _FAST_MISSES
+            return False
+        self._fast_misses = 0
+        self._m_batches.inc()
+        for name, n in (("stored", fast.stored), ("removed", fast.removed), ("cleared", fast.cleared)):
+            if n:
+                self._m_kinds[name].inc(n)
+        for _ in range(fast.mismatches):
+            self._mismatch()
+        self.stats.received += fast.events
+        self.stats.last_event_at = time.time()
+        self.end_batch()
+        return True
 
     def apply_batch(self, batch: Batch) -> None:
         self._m_batches.inc()

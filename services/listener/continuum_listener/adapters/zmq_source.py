@@ -22,7 +22,7 @@ source therefore checks the tail once its SUB queue has been empty for `quiet` s
 the same open-ended replay from the next expected seq (no answer proves no loss; a buffer that
 no longer starts there is an unrecoverable gap).
 
-Flow: queued messages are read without blocking for at most `budget` seconds (2 ms) at a time,
+Flow: queued messages are read without blocking for at most `budget` seconds (1 ms) at a time,
 then the loop yields, so the HTTP server and the publisher are served during a backlog. Before
 reading, the source awaits the publisher's room (backpressure): while the publish queue is full
 it reads nothing, the SUB queue and then the engine's PUB fill up, and what the PUB drops comes
@@ -66,7 +66,7 @@ class ZmqSource:
         *,
         rcvhwm: int | None = None,
         max_replay_seconds: float = 30.0,
-        budget: float = 0.002,
+        budget: float = 0.001,
         quiet: float = 0.05,
     ) -> None:
         self.ctx = ctx

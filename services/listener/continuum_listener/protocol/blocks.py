@@ -152,17 +152,20 @@ class BlockMapper:
                 out.cleared()
             # Moved comes from TensorRT-LLM only (policy.rekey handles it).
 
+    def full_size(self, size: int) -> int:
+        """The source's full block size, having seen a store of `size` tokens per block."""
+        if self.configured is not None:
+            return self.configured
+        self.learned = max(self.learned, size)
+        return self.learned
+
     def _stored(self, event: Stored, out: EventBuilder, skipped: dict[str, int]) -> None:
         tier = medium_tier(event.medium)
         if event.placeholder:
             out.stored(event.hashes, event.parent, 0, tier)
             return
         size = event.block_size
-        full = self.configured
-        if full is None:
-            self.learned = max(self.learned, size)
-            full = self.learned
-        if size < full:
+        if size < self.full_size(size):
             skipped["partial_block"] = skipped.get("partial_block", 0) + len(event.hashes)
             return
         out.stored(event.hashes, event.parent, size, tier)
