@@ -220,6 +220,8 @@ def test_match_groups() -> None:
         parse(RouterConfig, {"backends": backends, "kv_cache_index": {"groups": bad}})
     text = str(err.value)
     assert "kv_cache_index.groups.0.backends" in text and "already in group 'llama'" in text
+    with pytest.raises(ConfigError, match="default_mode"):
+        parse(RouterConfig, {"kv_cache_index": {"default_mode": "precise"}})
     with pytest.raises(ConfigError, match="hash_seed"):
         parse(RouterConfig, {"kv_cache_index": {"groups": [{"name": "g", "models": ["x"], "mode": "precise"}]}})
     # warnings: a precise group over a hosted API, a group with no member

@@ -278,6 +278,8 @@ class KvCacheIndex(Section):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             problems.append(f"@event_sources: {', '.join(dupes)} is listed more than once")
+        if self.default_mode == "precise":
+            problems.append("@default_mode: precise matching needs a group's hashing parameters; use a group")
         groups = [g.name for g in self.groups]
         problems.extend(
             f"@groups: name {n!r} is used more than once" for n in sorted({n for n in groups if groups.count(n) > 1})
