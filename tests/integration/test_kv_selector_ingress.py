@@ -127,3 +127,29 @@ async def test_replicas_do_not_share_when_told_not_to(nats_server: NatsServer) -
             await asyncio.sleep(0.3)
             assert sample(ing_b, "continuum_kv_decisions_shared_total", direction="received") == 0
             assert sample(ing_a, "continuum_kv_decisions_shared_total", direction="sent") == 0
+
+
+async def test_prefix_key_mode_under_the_cost_model(nats_server: NatsServer) -> None:
+    """The seed's prefix-key index read by the cost model (default_mode prefix_key, scoring cost)."""
+    import time as _time
+
+    from continuum_common.events import EventType, KvEvent
+    from continuum_common.hashing import request_prefix_key
+    from tests.indexer_harness import ensure_stream, publish
+
+    await ensure_stream(nats_server.url)
+    body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi " * 20}]}
+    key = request_prefix_key(body, enabled=True)
+    assert key is not None
+    await publish(nats_server.url, [KvEvent("c", 1, 1, _time.time(), EventType.CREATED, key.hex(), 300)])
+    async with (
+        running_stubs("a", "b", "c") as stubs,
+        ingresses(kv_config(stubs, nats_server.url, default_mode="prefix_key"), 1) as [(ing, c)],
+    ):
+        embedded = ing.app.kv.embedded  # type: ignore[union-attr]
+        assert embedded is not None
+        await eventually(lambda: bool(embedded.index.holders_nowait(key.hex())))
+        for _ in range(3):
+            r = await c.post("/v1/chat/completions", json=body)
+            assert r.headers["x-continuum-backend"] == "c"
+        assert sample(ing, "continuum_kv_index_routing_decisions_total", decision="kv_aware", tier="gpu_hot") == 3

@@ -107,6 +107,11 @@ class GroupRuntime:
         prompt = max(1, round(len(data) / self.approx.bytes_per_token))
         return RequestKeys("approximate", chain, self.chunk_tokens, prompt, fallback)
 
+    def prefix_key_keys(self, state: RequestState) -> RequestKeys:
+        """No chain (the prefix-key index is read by the prefix key); the prompt estimated."""
+        data = conversation_bytes(state.api, state.request.body)
+        return RequestKeys("prefix_key", (), 1.0, max(1, round(len(data) / self.approx.bytes_per_token)))
+
     def local_keys(self, state: RequestState) -> RequestKeys:
         """Precise keys from the local tokenizer (raises TokenizationError)."""
         assert self.encoder is not None and self.tokenizer is not None

@@ -153,7 +153,7 @@ class KvSelector:
         if group.mode == "approximate":
             return group.approximate_keys(state)
         if group.mode == "prefix_key":
-            return RequestKeys("prefix_key", (), 1.0, 0)
+            return group.prefix_key_keys(state)
         if group.precise_disabled is not None:
             return group.approximate_keys(state, "disabled")
         if group.encoder is not None:
@@ -169,7 +169,9 @@ class KvSelector:
             return keys
         cfg = group.config
         assert cfg is not None
-        client = snapshot.clients.get(members[0].name)
+        # the least busy member tokenizes (the call costs it a little CPU)
+        asked = min(members, key=lambda m: m.in_flight).name
+        client = snapshot.clients.get(asked)
         if client is None:
             return group.approximate_keys(state, "tokenize_failed")
         try:
@@ -182,7 +184,7 @@ class KvSelector:
                 timeout_s=cfg.tokenize_timeout_ms / 1000,
             )
         except TokenizeFailed as exc:
-            log.debug("tokenize on %s failed: %s", members[0].name, exc)
+            log.debug("tokenize on %s failed: %s", asked, exc)
             return group.approximate_keys(state, "tokenize_failed")
         return group.keys_from_tokens(state, tokens)
 
