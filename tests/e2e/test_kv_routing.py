@@ -14,11 +14,13 @@ One scenario per index backend, on engines with a small KV cache (39 usable bloc
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from continuum_common.procs import NatsServer, RedisServer
+from continuum_ingress.kv.scorer import CACHE_TTL_S
 from continuum_sim import EngineConfig
 from tests.kv_stack import chat, key_of, kv_stack, words
 
@@ -57,6 +59,9 @@ async def test_kv_aware_routing_follows_the_engines_caches(
             if now.get(e1, 0) < now.get(e0, 0):
                 break
         assert seen == sorted(seen, reverse=True) and seen[-1] < held[e0], seen
+        # The ingress caches a prefix's holders for CACHE_TTL_S; with fast loopback HTTP the fill
+        # above can finish inside that window.
+        await asyncio.sleep(CACHE_TTL_S * 1.5)
         assert await s.via_ingress(chat(system, "after eviction")) == e0
         assert s.decisions("kv_aware") == 4
 
