@@ -107,6 +107,12 @@ class IngressMetrics:
         self.kv_scorer_errors = Counter(
             "continuum_kv_scorer_errors", "Scorer prepare() failures or timeouts (strategy used)", registry=r
         )
+        self.kv_selection_seconds = Histogram(
+            "continuum_kv_selection_seconds",
+            "Time the Tier 4 selector took for one selection (keys, index reads, the choice)",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=r,
+        )
         self.cache_control_injected = Counter(
             "continuum_anthropic_cache_control_injected", "Anthropic requests given a cache_control marker", registry=r
         )

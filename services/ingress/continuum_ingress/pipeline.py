@@ -119,11 +119,15 @@ class SelectionPipeline:
     ) -> BackendState | None:
         selector = self.selector
         assert selector is not None
+        started = time.perf_counter()
         try:
-            best = await asyncio.wait_for(selector.decide(state, snapshot, candidates), selector.timeout_s)
+            async with asyncio.timeout(selector.timeout_s):
+                best = await selector.decide(state, snapshot, candidates)
         except Exception as exc:  # a scorer outage must never fail the request
             self._scorer_failed(exc)
             return None
+        finally:
+            self.metrics.kv_selection_seconds.observe(time.perf_counter() - started)
         if best is None:
             self.metrics.kv_decision("fallback", HoldingTier.NONE)
             return None
