@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator
@@ -48,7 +49,20 @@ async def continuum_ingress(ctx: FleetContext, name: str, config: dict[str, Any]
     argv = [*console("continuum-router"), "serve", "--config", str(path), "--port", "0", "--log-level", "WARNING"]
     async with process(argv, ctx.log(name), ready=r"listening on (http://\S+)") as (_, match):
         assert match is not None
-        yield match.group(1)
+        url = match.group(1)
+        try:
+            yield url
+        finally:
+            # the router's own view of the run (decisions, selection times) next to its log
+            await _save_metrics(url + "/metrics", ctx.work_dir / f"{name}.metrics.txt")
+
+
+async def _save_metrics(url: str, path: Any) -> None:
+    with contextlib.suppress(httpx.HTTPError, OSError):
+        async with httpx.AsyncClient(timeout=5) as client:
+            response = await client.get(url)
+        if response.status_code == 200:
+            await asyncio.to_thread(path.write_text, response.text, encoding="utf-8")
 
 
 @router("continuum-round-robin")

@@ -110,6 +110,11 @@ class CostModel(Section):
     per_request_ms: float = Field(2.0, ge=0.0, le=60_000.0)
     # A token held only in a storage tier costs this fraction of recomputing it (the copy back).
     storage_token_cost: float = Field(0.25, ge=0.0, le=1.0)
+    # Each prompt token a candidate does not hold costs its prefill time plus this fraction
+    # again: computing it there also writes a second copy of context another backend already
+    # caches (displacing other prefixes), and the conversation's next turns follow it. 0 is
+    # pure time to first token; higher values keep conversations home under heavier load.
+    miss_penalty: float = Field(1.0, ge=0.0, le=100.0)
     # A request whose best candidate holds less than this fraction of its prompt is new work
     # (a new conversation under a shared system prompt): it goes where the least new prompt
     # was sent recently, so conversations spread over every backend's cache, instead of to

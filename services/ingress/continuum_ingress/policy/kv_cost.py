@@ -75,6 +75,7 @@ class CostParams:
     storage_token_cost: float = 0.25
     epsilon: float = 0.25
     affinity_threshold: float = 0.3
+    miss_penalty: float = 1.0
 
     @classmethod
     def from_config(cls, cfg: CostModel, default_epsilon: float) -> CostParams:
@@ -84,6 +85,7 @@ class CostParams:
             storage_token_cost=cfg.storage_token_cost,
             epsilon=cfg.load_factor_epsilon if cfg.load_factor_epsilon is not None else default_epsilon,
             affinity_threshold=cfg.affinity_threshold,
+            miss_penalty=cfg.miss_penalty,
         )
 
 
@@ -130,9 +132,10 @@ def choose_by_cost(
     rate = params.prefill_tokens_per_second
     best: tuple[float, int, CandidateLoad, float] | None = None
     n = len(eligible)
+    weight = 1.0 + params.miss_penalty
     for i, c in enumerate(eligible):
         fresh = new_tokens(prompt_tokens, held.get(c.name, NOTHING), params)
-        ttft = (c.queued_tokens + fresh) / rate + c.in_flight * params.per_request_s
+        ttft = (c.queued_tokens + fresh * weight) / rate + c.in_flight * params.per_request_s
         # Ties: rotate the start by tie_key so equal candidates split the traffic evenly.
         rank = (i - tie_key) % n
         if best is None or ttft < best[0] - 1e-12 or (abs(ttft - best[0]) <= 1e-12 and rank < best[1]):
