@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--output-tokens", type=int, help="answer length (shared-prompt, multi-turn)")
     w.add_argument("--conversations", type=int, default=64, help="multi-turn: conversations")
-    w.add_argument("--system-prompts", type=int, help="multi-turn 4, conversations 8")
+    w.add_argument("--system-prompts", type=int, help="multi-turn 4, conversations 4")
     w.add_argument("--duration", type=float, help="conversations: seconds of conversation starts (600)")
     w.add_argument("--trace", help="trace: a Mooncake JSONL (default bench/traces/mooncake_synthetic.jsonl)")
     w.add_argument("--trace-duration", type=float, help="trace: replay only the first N trace seconds")

@@ -96,7 +96,7 @@ def _workload_args(w: argparse._ArgumentGroup, d: FleetBenchOptions) -> None:
     w.add_argument("--question-tokens", type=int, default=d.question_tokens)
     w.add_argument("--conversations", type=int, default=d.conversations)
     w.add_argument("--turns", type=int, default=d.turns)
-    w.add_argument("--system-prompts", type=int, help="multi-turn 4, conversations 8")
+    w.add_argument("--system-prompts", type=int, help="multi-turn 4, conversations 4")
     w.add_argument("--system-tokens", type=int, help="multi-turn 1000")
     w.add_argument("--user-tokens", type=int, default=d.user_tokens)
     w.add_argument("--think-time", type=float, default=d.think_time, help="mean seconds between turns")

@@ -90,6 +90,8 @@ class KvStack:
     mode: Mode
     publish: Publish
     replicas: int = 1
+    # Overrides of `kv_cache_index.scoring.cost` (cost-model variants, e.g. from a --plugin).
+    cost: tuple[tuple[str, float], ...] = ()
 
 
 def match_group(ctx: FleetContext) -> dict[str, Any]:
@@ -118,6 +120,8 @@ def kv_index_config(ctx: FleetContext, stack: KvStack, salt_file: str) -> dict[s
         index["default_mode"] = "approximate"
     else:
         index["groups"] = [match_group(ctx)]
+    if stack.cost:
+        index["scoring"] = {"model": "cost", "cost": dict(stack.cost)}
     return index
 
 

@@ -46,9 +46,9 @@ class ConversationShape:
     statistics (`python -m bench.fleet.describe`); lengths are in tokens, times in seconds."""
 
     rate: float = 2.3  # conversation starts per second (Poisson)
-    system_prompts: int = 8
+    system_prompts: int = 4
     system_tokens: tuple[int, int] = (400, 1600)  # each prompt's length, uniform in this range
-    system_zipf: float = 1.0
+    system_zipf: float = 2.0  # the trace: every conversation starts with one shared block
     first_user_median: float = 4500.0  # first user message: lognormal
     first_user_sigma: float = 1.35
     followup_median: float = 60.0  # a later user message: lognormal...

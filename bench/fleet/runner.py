@@ -67,7 +67,7 @@ class FleetBenchOptions:
     output_tokens: int | None = None
     conversations: int = 64
     turns: int = 6
-    system_prompts: int | None = None  # multi-turn 4; conversations 8
+    system_prompts: int | None = None  # multi-turn 4; conversations 4
     system_tokens: int | None = None  # multi-turn 1000
     user_tokens: int = 80
     think_time: float = 5.0
