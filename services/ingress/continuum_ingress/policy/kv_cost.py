@@ -8,9 +8,12 @@ requests this router sent it that have not produced a first byte yet (`queued_to
 `cost` (the default) estimates each candidate's time to first token:
 
     new_tokens = prompt − gpu_tokens − (any_tokens − gpu_tokens) · (1 − storage_token_cost)
-    ttft       = (queued_tokens + new_tokens) / prefill_tokens_per_second + in_flight · per_request
+    cost       = (queued_tokens + new_tokens · (1 + miss_penalty)) / prefill_tokens_per_second
+                 + in_flight · per_request
 
-and takes the smallest, among the candidates under the CHWBL load bound
+(the estimated time to first token, with each uncached token also charged `miss_penalty` for
+the second copy it writes and the history the conversation leaves behind) and takes the
+smallest, among the candidates under the CHWBL load bound
 `ceil((1 + ε) · (total in flight + 1) / candidates)`: cache affinity alone never pushes a backend
 beyond it. Exact ties go to a backend chosen by `tie_key` (a hash of the request's prefix), so
 equal candidates share new conversations evenly and deterministically.
@@ -73,9 +76,9 @@ class CostParams:
     prefill_tokens_per_second: float = 10_000.0
     per_request_s: float = 0.002
     storage_token_cost: float = 0.25
-    epsilon: float = 0.25
+    epsilon: float = 1.0
     affinity_threshold: float = 0.3
-    miss_penalty: float = 1.0
+    miss_penalty: float = 3.0
 
     @classmethod
     def from_config(cls, cfg: CostModel, default_epsilon: float) -> CostParams:
