@@ -121,6 +121,24 @@ def test_new_work_is_placed_by_recent_demand_per_weight() -> None:
     assert choice is not None and not choice.placed and choice.backend == "b0"
 
 
+def test_placement_counts_what_a_candidate_holds() -> None:
+    # A turn with a long paste: b0 holds 2,500 tokens of the conversation (25%, below the
+    # affinity threshold), b1 and b2 only the shared head. Demands within one prompt of each
+    # other: the history decides.
+    held = {"b0": Held(2500, 2500), "b1": Held(500, 500), "b2": Held(500, 500)}
+    cands = [
+        CandidateLoad("b0", 0, demand=12_000),
+        CandidateLoad("b1", 0, demand=6_000),
+        CandidateLoad("b2", 0, demand=9_000),
+    ]
+    choice = choose_by_cost(10_000, cands, held, P)
+    assert choice is not None and choice.placed and choice.backend == "b0" and choice.held_tokens == 2500
+    # ...unless home received far more new work recently than the history is worth
+    cands[0] = CandidateLoad("b0", 0, demand=40_000)
+    choice = choose_by_cost(10_000, cands, held, P)
+    assert choice is not None and choice.placed and choice.backend == "b1"
+
+
 def test_placement_respects_the_load_bound() -> None:
     held = {"b0": Held(10, 10)}
     cands = [CandidateLoad("b0", 6, demand=0), CandidateLoad("b1", 1, demand=9000), CandidateLoad("b2", 1, demand=9000)]

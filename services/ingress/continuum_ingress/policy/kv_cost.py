@@ -161,11 +161,17 @@ def choose_by_cost(
 def _place(
     prompt_tokens: int, eligible: Sequence[CandidateLoad], held: dict[str, Held], params: CostParams, tie_key: int
 ) -> KvChoice:
-    """New work: the eligible candidate with the least recent demand per unit of weight."""
+    """New work: the eligible candidate with the least recent demand per unit of weight, plus
+    what the request would prefill there (charged like a miss). Placement keeps the spread of
+    demand within about one prompt, so what a candidate holds of this request still counts:
+    a conversation's turn that holds little of its (long) prompt stays home unless home is
+    busier by more than its history is worth."""
     n = len(eligible)
     best: tuple[float, int, CandidateLoad] | None = None
+    weight = 1.0 + params.miss_penalty
     for i, c in enumerate(eligible):
-        load = (c.demand + c.queued_tokens) / max(c.weight, 1)
+        fresh = new_tokens(prompt_tokens, held.get(c.name, NOTHING), params)
+        load = (c.demand + c.queued_tokens) / max(c.weight, 1) + fresh * weight
         rank = (i - tie_key) % n
         if best is None or load < best[0] - 1e-9 or (abs(load - best[0]) <= 1e-9 and rank < best[1]):
             best = (load, rank, c)
