@@ -200,7 +200,7 @@ STACKS = (
 )
 
 
-def _register(name: str, stack: KvStack) -> None:
+def register_stack(name: str, stack: KvStack) -> None:
     @router(name)
     @contextlib.asynccontextmanager
     async def factory(ctx: FleetContext) -> AsyncIterator[str | list[str]]:
@@ -209,7 +209,7 @@ def _register(name: str, stack: KvStack) -> None:
 
 
 for _name, _stack in STACKS:
-    _register(_name, _stack)
+    register_stack(_name, _stack)
 
 
 def _builtin(name: str) -> Any:

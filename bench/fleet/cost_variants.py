@@ -1,0 +1,20 @@
+"""Cost-model variants of `continuum-kv-precise`, for tuning runs of `bench compare`
+(`--plugin bench.fleet.cost_variants`). Each name spells its overrides of
+`kv_cache_index.scoring.cost`: `pen<miss_penalty>`, `eps<load_factor_epsilon>`.
+
+    continuum-router bench compare --plugin bench.fleet.cost_variants --workloads trace \\
+        --routers continuum-kv-precise-pen1-eps0.25,continuum-kv-precise-pen3-eps1 ...
+"""
+
+from __future__ import annotations
+
+from bench.fleet.continuum import KvStack, register_stack
+
+PENALTIES = (0.0, 1.0, 3.0, 6.0)
+EPSILONS = (0.25, 1.0, 2.0)
+
+for _pen in PENALTIES:
+    for _eps in EPSILONS:
+        _name = f"continuum-kv-precise-pen{_pen:g}-eps{_eps:g}"
+        _cost = (("miss_penalty", _pen), ("load_factor_epsilon", _eps))
+        register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=_cost))
