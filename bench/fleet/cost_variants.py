@@ -11,7 +11,7 @@ from __future__ import annotations
 from bench.fleet.continuum import KvStack, register_stack
 
 PENALTIES = (0.0, 1.0, 3.0, 6.0)
-EPSILONS = (0.25, 1.0, 2.0)
+EPSILONS = (0.25, 1.0, 2.0, 4.0)
 
 for _pen in PENALTIES:
     for _eps in EPSILONS:
