@@ -38,13 +38,14 @@ def test_longest_prefix_wins_at_equal_load() -> None:
     assert choice is not None and choice.backend == "b1"
     assert choice.held_tokens == 900 and choice.new_tokens == 100 and choice.tier is HoldingTier.GPU_HOT
     assert choice.overlap == pytest.approx(0.9)
+    assert choice.moved is None
 
 
 def test_a_long_prefill_queue_outweighs_a_small_cache_advantage() -> None:
     # b1 holds 300 more tokens but has 5,000 queued prefill tokens ahead of the request.
     held = {"b0": Held(500, 500), "b1": Held(800, 800)}
     choice = choose_by_cost(1000, loads(1, 1, queued=(0, 5000)), held, P)
-    assert choice is not None and choice.backend == "b0"
+    assert choice is not None and choice.backend == "b0" and choice.moved == "cost"
 
 
 def test_the_load_bound_caps_affinity() -> None:
@@ -53,7 +54,7 @@ def test_the_load_bound_caps_affinity() -> None:
     cands = loads(5, 1, 1, 1)
     assert load_bound(cands, 0.25) == 3
     choice = choose_by_cost(10_000, cands, held, P)
-    assert choice is not None and choice.backend != "b0"
+    assert choice is not None and choice.backend != "b0" and choice.moved == "bound"
 
 
 def test_storage_tokens_count_partly() -> None:
@@ -133,10 +134,11 @@ def test_placement_counts_what_a_candidate_holds() -> None:
     ]
     choice = choose_by_cost(10_000, cands, held, P)
     assert choice is not None and choice.placed and choice.backend == "b0" and choice.held_tokens == 2500
+    assert choice.moved is None
     # ...unless home received far more new work recently than the history is worth
     cands[0] = CandidateLoad("b0", 0, demand=40_000)
     choice = choose_by_cost(10_000, cands, held, P)
-    assert choice is not None and choice.placed and choice.backend == "b1"
+    assert choice is not None and choice.placed and choice.backend == "b1" and choice.moved == "placed"
 
 
 def test_placement_respects_the_load_bound() -> None:

@@ -60,6 +60,14 @@ class KvScorerMetrics:
             buckets=QUERY_BUCKETS,
             registry=r,
         )
+        self.affinity_moves = Counter(
+            "continuum_kv_affinity_moves",
+            "Requests sent to a backend holding less of the prompt than the deepest holder, by why "
+            "(bound: every deepest holder at the load bound; cost: a queue outweighed the prefix; "
+            "placed: new work spread for balance)",
+            ["reason"],
+            registry=r,
+        )
         decisions = Counter(
             "continuum_kv_decisions_shared",
             "Routing decisions shared with other ingress replicas over NATS",

@@ -135,7 +135,10 @@ class KvSelector:
         ]
         if self.model == "seed":
             return choose_by_seed(plan.prompt_tokens, loads, plan.held, self.weights)
-        return choose_by_cost(plan.prompt_tokens, loads, plan.held, self.params, _tie_key(plan.keys))
+        choice = choose_by_cost(plan.prompt_tokens, loads, plan.held, self.params, _tie_key(plan.keys))
+        if choice is not None and choice.moved is not None:
+            self.metrics.affinity_moves.labels(choice.moved).inc()
+        return choice
 
     async def _keys(
         self, group: GroupRuntime, state: RequestState, snapshot: RouterSnapshot, members: Sequence[BackendState]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from continuum_common.config.router import CostModel
 from continuum_ingress.policy.kv_scoring import Weights
@@ -104,6 +104,27 @@ class KvChoice:
     # composite score (seed).
     overlap: float = 0.0
     placed: bool = False  # new work placed for balance, not for its cached prefix
+    # Why the chosen candidate holds less of the prompt than the deepest holder: "bound" (every
+    # deepest holder was at the load bound), "cost" (a queue outweighed the cached prefix) or
+    # "placed" (new work spread for balance); None when the choice holds the most.
+    moved: str | None = None
+
+
+def _moved(
+    chosen: str,
+    candidates: Sequence[CandidateLoad],
+    eligible: Sequence[CandidateLoad],
+    held: dict[str, Held],
+    reason: str,
+) -> str | None:
+    """Why `chosen` is not a deepest holder of the prompt, if it is not."""
+    depth = {c.name: held.get(c.name, NOTHING).any_tokens for c in candidates}
+    deepest = max(depth.values())
+    if depth[chosen] >= deepest:
+        return None
+    if any(depth[c.name] >= deepest for c in eligible):
+        return reason
+    return "bound"
 
 
 def new_tokens(prompt_tokens: int, held: Held, params: CostParams) -> float:
@@ -131,7 +152,8 @@ def choose_by_cost(
     eligible = [c for c in candidates if c.in_flight < bound] or list(candidates)
     most = max(min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates)
     if prompt_tokens > 0 and most < params.affinity_threshold * prompt_tokens:
-        return _place(prompt_tokens, eligible, held, params, tie_key)
+        placed = _place(prompt_tokens, eligible, held, params, tie_key)
+        return replace(placed, moved=_moved(placed.backend, candidates, eligible, held, "placed"))
     rate = params.prefill_tokens_per_second
     best: tuple[float, int, CandidateLoad, float] | None = None
     n = len(eligible)
@@ -155,6 +177,7 @@ def choose_by_cost(
         round(fresh),
         h.speculative and h.any_tokens > 0,
         held_tokens / prompt_tokens if prompt_tokens > 0 else 0.0,
+        moved=_moved(chosen.name, candidates, eligible, held, "cost"),
     )
 
 
