@@ -41,6 +41,13 @@ def test_longest_prefix_wins_at_equal_load() -> None:
     assert choice.moved is None
 
 
+def test_holding_more_than_the_prompt_is_no_deeper() -> None:
+    # both hold the whole prompt (b1 also longer continuations): the queue decides, not a move
+    held = {"b0": Held(1000, 1000), "b1": Held(1600, 1600)}
+    choice = choose_by_cost(1000, loads(1, 1, queued=(0, 5000)), held, P)
+    assert choice is not None and choice.backend == "b0" and choice.moved is None
+
+
 def test_a_long_prefill_queue_outweighs_a_small_cache_advantage() -> None:
     # b1 holds 300 more tokens but has 5,000 queued prefill tokens ahead of the request.
     held = {"b0": Held(500, 500), "b1": Held(800, 800)}

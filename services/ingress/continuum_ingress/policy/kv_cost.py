@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from continuum_common.config.router import CostModel
 from continuum_ingress.policy.kv_scoring import Weights
@@ -69,6 +70,9 @@ class Held:
 
 
 NOTHING = Held()
+
+# Why a request went to a candidate holding less of its prompt than the deepest holder.
+Moved = Literal["cost", "bound", "placed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,18 +111,21 @@ class KvChoice:
     # Why the chosen candidate holds less of the prompt than the deepest holder: "bound" (every
     # deepest holder was at the load bound), "cost" (a queue outweighed the cached prefix) or
     # "placed" (new work spread for balance); None when the choice holds the most.
-    moved: str | None = None
+    moved: Moved | None = None
 
 
 def _moved(
+    prompt_tokens: int,
     chosen: str,
     candidates: Sequence[CandidateLoad],
     eligible: Sequence[CandidateLoad],
     held: dict[str, Held],
-    reason: str,
-) -> str | None:
-    """Why `chosen` is not a deepest holder of the prompt, if it is not."""
-    depth = {c.name: held.get(c.name, NOTHING).any_tokens for c in candidates}
+    *,
+    reason: Moved,
+) -> Moved | None:
+    """Why `chosen` is not a deepest holder of the prompt, if it is not (holdings beyond the
+    prompt count as the whole prompt: two candidates holding all of it are equally deep)."""
+    depth = {c.name: min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates}
     deepest = max(depth.values())
     if depth[chosen] >= deepest:
         return None
@@ -153,31 +160,31 @@ def choose_by_cost(
     most = max(min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates)
     if prompt_tokens > 0 and most < params.affinity_threshold * prompt_tokens:
         placed = _place(prompt_tokens, eligible, held, params, tie_key)
-        return replace(placed, moved=_moved(placed.backend, candidates, eligible, held, "placed"))
+        return replace(placed, moved=_moved(prompt_tokens, placed.backend, candidates, eligible, held, reason="placed"))
     rate = params.prefill_tokens_per_second
     best: tuple[float, int, CandidateLoad, float] | None = None
     n = len(eligible)
     weight = 1.0 + params.miss_penalty
     for i, c in enumerate(eligible):
         fresh = new_tokens(prompt_tokens, held.get(c.name, NOTHING), params)
-        ttft = (c.queued_tokens + fresh * weight) / rate + c.in_flight * params.per_request_s
+        cost = (c.queued_tokens + fresh * weight) / rate + c.in_flight * params.per_request_s
         # Ties: rotate the start by tie_key so equal candidates split the traffic evenly.
         rank = (i - tie_key) % n
-        if best is None or ttft < best[0] - 1e-12 or (abs(ttft - best[0]) <= 1e-12 and rank < best[1]):
-            best = (ttft, rank, c, fresh)
+        if best is None or cost < best[0] - 1e-12 or (abs(cost - best[0]) <= 1e-12 and rank < best[1]):
+            best = (cost, rank, c, fresh)
     assert best is not None
-    ttft, _, chosen, fresh = best
+    cost, _, chosen, fresh = best
     h = held.get(chosen.name, NOTHING)
     held_tokens = min(h.any_tokens, prompt_tokens)
     return KvChoice(
         chosen.name,
-        ttft,
+        cost,
         h.tier,
         held_tokens,
         round(fresh),
         h.speculative and h.any_tokens > 0,
         held_tokens / prompt_tokens if prompt_tokens > 0 else 0.0,
-        moved=_moved(chosen.name, candidates, eligible, held, "cost"),
+        moved=_moved(prompt_tokens, chosen.name, candidates, eligible, held, reason="cost"),
     )
 
 
