@@ -19,6 +19,7 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -57,7 +58,7 @@ async def continuum_ingress(ctx: FleetContext, name: str, config: dict[str, Any]
             await _save_metrics(url + "/metrics", ctx.work_dir / f"{name}.metrics.txt")
 
 
-async def _save_metrics(url: str, path: Any) -> None:
+async def _save_metrics(url: str, path: Path) -> None:
     with contextlib.suppress(httpx.HTTPError, OSError):
         async with httpx.AsyncClient(timeout=5) as client:
             response = await client.get(url)

@@ -6,15 +6,19 @@ queue is released after every request."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx
 
+from continuum_common.events import EventType, KvEvent
+from continuum_common.hashing import request_prefix_key
 from continuum_common.procs import NatsServer
 from continuum_ingress.testing.harness import RunningIngress, running_ingress, stub_backends
 from continuum_ingress.testing.upstream import running_stubs
+from tests.indexer_harness import ensure_stream, publish
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1.1 KB shared by every conversation
 
@@ -135,17 +139,11 @@ async def test_replicas_do_not_share_when_told_not_to(nats_server: NatsServer) -
 
 async def test_prefix_key_mode_under_the_cost_model(nats_server: NatsServer) -> None:
     """The seed's prefix-key index read by the cost model (default_mode prefix_key, scoring cost)."""
-    import time as _time
-
-    from continuum_common.events import EventType, KvEvent
-    from continuum_common.hashing import request_prefix_key
-    from tests.indexer_harness import ensure_stream, publish
-
     await ensure_stream(nats_server.url)
     body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi " * 20}]}
     key = request_prefix_key(body, enabled=True)
     assert key is not None
-    await publish(nats_server.url, [KvEvent("c", 1, 1, _time.time(), EventType.CREATED, key.hex(), 300)])
+    await publish(nats_server.url, [KvEvent("c", 1, 1, time.time(), EventType.CREATED, key.hex(), 300)])
     async with (
         running_stubs("a", "b", "c") as stubs,
         ingresses(kv_config(stubs, nats_server.url, default_mode="prefix_key"), 1) as [(ing, c)],
