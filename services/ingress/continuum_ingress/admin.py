@@ -84,7 +84,7 @@ class AdminEndpoints:
         distribution = []
         for name in snapshot.backends:
             state = self.pool.get(name)
-            distribution.append({"backend": name, "in_flight_requests": state.in_flight if state else 0})
+            distribution.append({"backend": name, "in_flight_requests": state.local_in_flight if state else 0})
         return JSONResponse(
             {
                 "enabled": routing.enabled,
@@ -121,7 +121,8 @@ class AdminEndpoints:
                     "weight": spec.weight,
                     "healthy": state.healthy,
                     "circuit": state.breaker_state.name.lower(),
-                    "in_flight_requests": state.in_flight,
+                    "in_flight_requests": state.local_in_flight,
+                    "other_replicas_in_flight_requests": state.remote_in_flight,
                     "latency_ewma_ms": None if state.latency is None else round(state.latency * 1000, 3),
                     "success_rate": round(state.success_rate, 4),
                 }

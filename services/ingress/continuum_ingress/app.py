@@ -115,7 +115,7 @@ class IngressApp:
             None
             if scorer is not None
             else build_kv_routing(
-                self.holder.current.config, self.metrics.registry, nats_url=nats_url, redis=self.redis
+                self.holder.current.config, self.metrics.registry, nats_url=nats_url, redis=self.redis, pool=self.pool
             )
         )
         if self.kv is not None:

@@ -12,9 +12,9 @@ Label values are bounded: endpoints and outcomes are enums, backends are configu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -39,7 +39,7 @@ class PoolCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         dist = GaugeMetricFamily(
             "continuum_prefix_routing_backend_distribution",
-            "In-flight requests per backend (prefix-routing load distribution)",
+            "In-flight requests per backend from this replica (prefix-routing load distribution)",
             labels=["backend"],
         )
         healthy = GaugeMetricFamily(
@@ -54,14 +54,20 @@ class PoolCollector(Collector):
         success = GaugeMetricFamily(
             "continuum_backend_success_rate", "Success rate over the last 100 outcomes", labels=["backend"]
         )
+        shared = GaugeMetricFamily(
+            "continuum_backend_other_replicas_in_flight",
+            "In-flight requests per backend that the other ingress replicas last reported (shared load view)",
+            labels=["backend"],
+        )
         for state in self._pool.states():
-            dist.add_metric([state.name], state.in_flight)
+            dist.add_metric([state.name], state.local_in_flight)
             healthy.add_metric([state.name], 1.0 if state.healthy and state.breaker_state == 0 else 0.0)
             circuit.add_metric([state.name], int(state.breaker_state))
             if state.latency is not None:
                 latency.add_metric([state.name], state.latency)
             success.add_metric([state.name], state.success_rate)
-        yield from (dist, healthy, circuit, latency, success)
+            shared.add_metric([state.name], state.remote_in_flight)
+        yield from (dist, healthy, circuit, latency, success, shared)
 
 
 class PrefixRoutingStats:
@@ -180,3 +186,34 @@ class IngressMetrics:
 
     def reload(self, ok: bool) -> None:
         self._reloads[ok].inc()
+
+
+class LoadShareMetrics:
+    """The shared load view between ingress replicas (adapters/load_share.py)."""
+
+    def __init__(self, registry: CollectorRegistry, peers: Callable[[], float]) -> None:
+        reports = Counter(
+            "continuum_ingress_load_reports",
+            "Per-backend load reports exchanged with the other ingress replicas over NATS",
+            ["direction"],
+            registry=registry,
+        )
+        self.sent = reports.labels("sent")
+        self.received = reports.labels("received")
+        self.dropped = Counter(
+            "continuum_ingress_load_reports_dropped",
+            "Load reports not sent or not used (bus_down, publish_failed, decode, reordered)",
+            ["reason"],
+            registry=registry,
+        )
+        self.expired = Counter(
+            "continuum_ingress_load_peers_expired",
+            "Other replicas forgotten because no load report arrived within the staleness bound",
+            registry=registry,
+        )
+        gauge = Gauge(
+            "continuum_ingress_load_peers",
+            "Other ingress replicas whose load this replica currently adds to its own",
+            registry=registry,
+        )
+        gauge.set_function(peers)

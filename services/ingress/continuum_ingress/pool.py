@@ -26,10 +26,12 @@ class BackendState:
         "breaker",
         "health_failures",
         "healthy",
-        "in_flight",
         "latency",
+        "local_in_flight",
+        "local_queued_tokens",
         "name",
-        "queued_tokens",
+        "remote_in_flight",
+        "remote_queued_tokens",
         "spec",
         "weight",
     )
@@ -38,10 +40,14 @@ class BackendState:
         self.spec = spec
         self.name = spec.name
         self.weight = spec.weight
-        self.in_flight = 0
+        self.local_in_flight = 0
         # Uncached prompt tokens of requests sent here that have not produced a first byte yet
         # (the KV scorer's estimate of the backend's prefill queue; docs/kv-scorer.md).
-        self.queued_tokens = 0
+        self.local_queued_tokens = 0
+        # What the other ingress replicas last reported they have in flight here (the shared
+        # load view, adapters/load_share.py); 0 with one replica or while the bus is down.
+        self.remote_in_flight = 0
+        self.remote_queued_tokens = 0
         self.latency: float | None = None
         self._window: deque[bool] = deque(maxlen=SUCCESS_WINDOW)
         self._window_ok = 0
@@ -59,6 +65,15 @@ class BackendState:
 
     # -- reads (CandidateView) -------------------------------------------------------------
     @property
+    def in_flight(self) -> int:
+        """Requests in flight on this backend from every replica (the load that bounds)."""
+        return self.local_in_flight + self.remote_in_flight
+
+    @property
+    def queued_tokens(self) -> int:
+        return self.local_queued_tokens + self.remote_queued_tokens
+
+    @property
     def success_rate(self) -> float:
         return self._window_ok / len(self._window) if self._window else 1.0
 
@@ -71,17 +86,17 @@ class BackendState:
 
     # -- outcomes --------------------------------------------------------------------------
     def begin(self, now: float) -> None:
-        self.in_flight += 1
+        self.local_in_flight += 1
         self.breaker.on_start(now)
 
     def finish(self) -> None:
-        self.in_flight -= 1
+        self.local_in_flight -= 1
 
     def queue_prefill(self, tokens: int) -> None:
-        self.queued_tokens += tokens
+        self.local_queued_tokens += tokens
 
     def prefill_done(self, tokens: int) -> None:
-        self.queued_tokens = max(0, self.queued_tokens - tokens)
+        self.local_queued_tokens = max(0, self.local_queued_tokens - tokens)
 
     def _push(self, ok: bool) -> None:
         if len(self._window) == self._window.maxlen and self._window[0]:

@@ -220,6 +220,23 @@ class ApproximateMatching(Section):
     bytes_per_token: float = Field(4.0, gt=0.0, le=64.0)
 
 
+class LoadSharing(Section):
+    """The shared load view between ingress replicas (docs/kv-scorer.md, "Several replicas"):
+    each replica publishes its per-backend in-flight requests and queued prefill tokens over
+    NATS and adds the other replicas' latest reports to its own counts."""
+
+    enabled: bool = True
+    interval_ms: int = Field(100, ge=10, le=10_000)
+    # A replica not heard from for this long is forgotten (its load no longer counted).
+    stale_after_ms: int = Field(1_000, ge=50, le=600_000)
+
+    @model_validator(mode="after")
+    def _stale_after_interval(self) -> Self:
+        if self.stale_after_ms < 2 * self.interval_ms:
+            raise ValueError("@stale_after_ms: must be at least twice interval_ms")
+        return self
+
+
 class MatchGroup(Section):
     """Backends that share a tokenizer and a block hashing scheme, and how the ingress turns a
     request into block hashes for them (docs/kv-scorer.md, "Matching modes")."""
@@ -274,6 +291,7 @@ class KvCacheIndex(Section):
     # Share routing decisions (speculative entries, approximate records) with the other
     # ingress replicas over NATS.
     share_decisions: bool = True
+    load_sharing: LoadSharing = LoadSharing()
     scoring: Scoring = Scoring()
     storage_offloading: StorageOffloading = StorageOffloading()
     salt_echo: SaltEcho = SaltEcho()

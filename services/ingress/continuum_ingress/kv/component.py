@@ -9,7 +9,9 @@ Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns
 * the block index it reads (engine block hashes): the embedded InMemoryBlockIndex (memory) or a
   read-only RedisBlockIndex (redis), through `BlockReads`;
 * the decision share (kv/adapters/decisions.py): routing decisions to and from the other
-  ingress replicas over NATS, and a watch that forgets what was recorded about a backend whose
+  ingress replicas over NATS; the shared load view (adapters/load_share.py): every replica's
+  per-backend in-flight requests and queued prefill tokens, added to the pool's own counts; and
+  a watch that forgets what was recorded about a backend whose
   engine cleared its cache (the block index's per-backend generation);
 * the prefix-key index it reads:
   - `backend: memory`: continuum_indexer.embedded.EmbeddedKvIndex, an InMemoryKvIndex in this
@@ -45,6 +47,7 @@ from continuum_common.kvindex.blocks import BlockIndexReader, MatchQuery
 from continuum_common.redis_client import RedisClient
 from continuum_common.wire.decisions import Decision, replica_id
 from continuum_indexer.embedded import EmbeddedKvIndex
+from continuum_ingress.adapters.load_share import LoadShare
 from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.kv.adapters.bus import BusReader, connect_client
 from continuum_ingress.kv.adapters.decisions import DecisionShare
@@ -53,7 +56,9 @@ from continuum_ingress.kv.metrics import KvScorerMetrics
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.selector import KvSelector
 from continuum_ingress.kv.speculative import SpeculativeEntries
+from continuum_ingress.metrics import LoadShareMetrics
 from continuum_ingress.policy.kv_scoring import Weights
+from continuum_ingress.pool import BackendPool
 
 log = logging.getLogger("continuum.ingress.kv")
 
@@ -70,6 +75,7 @@ class KvRouting:
         *,
         nats_url: str | None = None,
         redis: SharedRedis | None = None,
+        pool: BackendPool | None = None,
         embedded_maintenance_s: float = 30.0,
     ) -> None:
         section = config.kv_cache_index
@@ -101,6 +107,17 @@ class KvRouting:
         )
         self.scorer = self.selector
         self.decisions: DecisionShare | None = None
+        self.load_share: LoadShare | None = None
+        sharing = section.load_sharing
+        if pool is not None and sharing.enabled:
+            self.load_share = LoadShare(
+                self.nc,
+                self.replica,
+                pool,
+                interval_s=sharing.interval_ms / 1000,
+                stale_after_s=sharing.stale_after_ms / 1000,
+                metrics=LoadShareMetrics(registry, lambda: float(self._peers())),
+            )
         self._generations: dict[str, int] = {}
         self.embedded: EmbeddedKvIndex | None = None
         self.redis_index: RedisKvIndex | None = None
@@ -108,6 +125,7 @@ class KvRouting:
         self._owned_redis: RedisClient | None = None
         self._embedded_maintenance_s = embedded_maintenance_s
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self.ready = asyncio.Event()  # the index is fed (memory) / NATS is connected (redis)
 
     @property
@@ -169,8 +187,9 @@ class KvRouting:
             await connect_client(self.nc, self.config.bus, url=self.nats_url, name=NATS_CLIENT_NAME)
             log.info("KV routing connected to NATS")
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._share_decisions())
-                tasks.create_task(self._watch_generations())
+                side = [tasks.create_task(self._share_decisions()), tasks.create_task(self._watch_generations())]
+                if self.load_share is not None:
+                    side.append(tasks.create_task(self.load_share.run()))
                 if self.embedded is None:
                     self.ready.set()
                 else:
@@ -178,6 +197,9 @@ class KvRouting:
                     watcher = tasks.create_task(consumer.ready.wait())
                     watcher.add_done_callback(lambda t: None if t.cancelled() else self.ready.set())
                     await self.embedded.run()
+                    if self._closing:  # the feed finished its batch: the rest stops with it
+                        for task in (*side, watcher):
+                            task.cancel()
         except Exception:  # the scorer keeps answering from what it has; requests fall back
             log.exception("the KV index feed stopped")
 
@@ -196,6 +218,11 @@ class KvRouting:
     def _remote_decision(self, decision: Decision) -> None:
         self.metrics.decisions_received.inc()
         self.selector.apply_remote(decision)
+        if self.load_share is not None:
+            self.load_share.bump(decision.replica, decision.backend, decision.new_tokens)
+
+    def _peers(self) -> int:
+        return 0 if self.load_share is None else len(self.load_share.table)
 
     def _decision_dropped(self, reason: str) -> None:
         self.metrics.decisions_dropped.labels(reason).inc()
@@ -233,11 +260,14 @@ class KvRouting:
         change); prefix_routing.enabled, which gates the scorer, is read per request."""
 
     async def aclose(self) -> None:
+        self._closing = True
         if self.embedded is not None:
             self.embedded.stop()
+        if self.load_share is not None and self.nc.is_connected:
+            await self.load_share.stop()
         task = self._task
         if task is not None and not task.done():
-            if self.nc.is_connected:  # let the embedded feed finish the batch in hand
+            if self.embedded is not None and self.nc.is_connected:  # let the feed finish the batch in hand
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(STOP_GRACE_S):
                         await asyncio.shield(task)
