@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
-import httpx
 import nats
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
@@ -124,7 +123,9 @@ async def test_bad_and_reordered_reports_are_counted_and_dropped(nats_server: Na
             await nc.publish(SUBJECT_PREFIX + "other", encode_load_report(newer))
             await nc.publish(SUBJECT_PREFIX + "other", encode_load_report(older))
             await nc.flush()
-            await eventually(lambda: six.sample("continuum_ingress_load_reports_dropped_total", reason="reordered") == 1)
+            await eventually(
+                lambda: six.sample("continuum_ingress_load_reports_dropped_total", reason="reordered") == 1
+            )
             assert six.sample("continuum_ingress_load_reports_dropped_total", reason="decode") == 1
             assert six.state("ls-a") == (3, 0)
             # the view keeps working after both
