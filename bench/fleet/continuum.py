@@ -92,7 +92,9 @@ class KvStack:
     publish: Publish
     replicas: int = 1
     # Overrides of `kv_cache_index.scoring.cost` (cost-model variants, e.g. from a --plugin).
-    cost: tuple[tuple[str, float], ...] = ()
+    cost: tuple[tuple[str, float | bool], ...] = ()
+    # The shared load view between replicas (kv_cache_index.load_sharing.enabled).
+    load_sharing: bool = True
 
 
 def match_group(ctx: FleetContext) -> dict[str, Any]:
@@ -123,6 +125,8 @@ def kv_index_config(ctx: FleetContext, stack: KvStack, salt_file: str) -> dict[s
         index["groups"] = [match_group(ctx)]
     if stack.cost:
         index["scoring"] = {"model": "cost", "cost": dict(stack.cost)}
+    if not stack.load_sharing:
+        index["load_sharing"] = {"enabled": False}
     return index
 
 

@@ -1,6 +1,7 @@
 """Cost-model variants of `continuum-kv-precise`, for tuning runs of `bench compare`
 (`--plugin bench.fleet.cost_variants`). Each name spells its overrides of
-`kv_cache_index.scoring.cost`: `pen<miss_penalty>`, `eps<load_factor_epsilon>`.
+`kv_cache_index.scoring.cost`: `pen<miss_penalty>`, `eps<load_factor_epsilon>`; `nostarts`
+turns off the placement of conversation starts, `noload` the shared load view between replicas.
 
     continuum-router bench compare --plugin bench.fleet.cost_variants --workloads trace \\
         --routers continuum-kv-precise-pen1-eps0.25,continuum-kv-precise-pen3-eps1 ...
@@ -18,3 +19,17 @@ for _pen in PENALTIES:
         _name = f"continuum-kv-precise-pen{_pen:g}-eps{_eps:g}"
         _cost = (("miss_penalty", _pen), ("load_factor_epsilon", _eps))
         register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=_cost))
+
+_NO_STARTS = (("place_conversation_starts", False),)
+register_stack(
+    "continuum-kv-precise-nostarts",
+    KvStack("continuum-kv-precise-nostarts", "memory", "precise", "blocks", cost=_NO_STARTS),
+)
+register_stack(
+    "continuum-kv-precise-x3-nostarts",
+    KvStack("continuum-kv-precise-x3-nostarts", "memory", "precise", "blocks", replicas=3, cost=_NO_STARTS),
+)
+register_stack(
+    "continuum-kv-precise-x3-noload",
+    KvStack("continuum-kv-precise-x3-noload", "memory", "precise", "blocks", replicas=3, load_sharing=False),
+)

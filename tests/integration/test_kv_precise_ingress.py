@@ -91,7 +91,13 @@ async def test_routes_to_the_backend_holding_the_engine_blocks(
             c,
         ),
     ):
-        doc = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Summarise section two, please."}]
+        # a conversation in progress (a first turn would be placed for balance, not matched)
+        doc = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Here is the report."},
+            {"role": "assistant", "content": "Thank you, I have read it."},
+            {"role": "user", "content": "Summarise section two, please."},
+        ]
         hashes = engine_hashes(tokenizer_files, doc)
         assert len(hashes) > 20
         # engine c reports the whole prompt, engine b only its first quarter
@@ -151,7 +157,9 @@ async def test_without_a_tokenizer_the_backends_tokenize_endpoint_is_used_and_fa
             r = await c.post("/v1/chat/completions", json=chat([{"role": "user", "content": "hello " * 300}]))
             assert r.status_code == 200
         assert sample(ing, "continuum_kv_precise_fallbacks_total", group="fleet", reason="tokenize_failed") == 2
-        assert sample(ing, "continuum_kv_index_routing_decisions_total", decision="kv_aware", tier="gpu_hot") == 1
+        # the second (a first turn again) holds its whole prompt where the first went: placed there
+        assert sample(ing, "continuum_kv_index_routing_decisions_total", decision="placed", tier="gpu_hot") == 1
+        assert sample(ing, "continuum_kv_affinity_moves_total", reason="placed") == 0
 
 
 async def test_an_unreadable_tokenizer_disables_precise_matching_but_serves(

@@ -8,7 +8,7 @@ import pytest
 from continuum_ingress.errors import InvalidRequest, RequestError
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.errors import ErrorStyle, error_body, stream_error_event
-from continuum_ingress.protocol.requests import parse_request
+from continuum_ingress.protocol.requests import conversation_start, parse_request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -159,3 +159,42 @@ def test_stream_error_events() -> None:
     anthropic = stream_error_event(ErrorStyle.ANTHROPIC, "broke")
     event, data = anthropic.split(b"\n", 1)
     assert event == b"event: error" and orjson.loads(data[6:])["error"]["type"] == "api_error"
+
+
+@pytest.mark.parametrize(
+    ("api", "body", "start"),
+    [
+        (Api.CHAT, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, True),
+        (
+            Api.CHAT,
+            {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]},
+            True,
+        ),
+        (
+            Api.CHAT,
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"},
+                    {"role": "user", "content": "more"},
+                ],
+            },
+            False,
+        ),
+        (Api.MESSAGES, {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}, True),
+        (
+            Api.MESSAGES,
+            {
+                "model": "m",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "prefill"}],
+            },
+            False,
+        ),
+        (Api.COMPLETIONS, {"model": "m", "prompt": "hi"}, False),
+        (Api.EMBEDDINGS, {"model": "m", "input": "hi"}, False),
+    ],
+)
+def test_conversation_start(api: Api, body: dict[str, object], start: bool) -> None:
+    assert conversation_start(parse_request(api, orjson.dumps(body))) is start

@@ -148,6 +148,26 @@ def test_placement_counts_what_a_candidate_holds() -> None:
     assert choice is not None and choice.placed and choice.backend == "b1" and choice.moved == "placed"
 
 
+def test_a_conversation_start_is_placed_whatever_it_holds() -> None:
+    # b0 holds the shared system prompt: 1,000 of the first turn's 1,080 tokens
+    held = {"b0": Held(1000, 1000)}
+    cands = [
+        CandidateLoad("b0", 0, demand=20_000),
+        CandidateLoad("b1", 0, demand=10_000),
+        CandidateLoad("b2", 0, demand=12_000),
+    ]
+    followed = choose_by_cost(1080, cands, held, P)
+    assert followed is not None and followed.backend == "b0" and not followed.placed
+    # as the start of a conversation it goes where the least new work went, since b0's extra
+    # demand outweighs the system prompt it would recompute elsewhere (with the miss penalty)
+    started = choose_by_cost(1080, cands, held, P, start=True)
+    assert started is not None and started.placed and started.backend == "b1" and started.moved == "placed"
+    # demands within that margin: the held system prompt still decides
+    cands[0] = CandidateLoad("b0", 0, demand=12_000)
+    started = choose_by_cost(1080, cands, held, P, start=True)
+    assert started is not None and started.placed and started.backend == "b0" and started.moved is None
+
+
 def test_placement_respects_the_load_bound() -> None:
     held = {"b0": Held(10, 10)}
     cands = [CandidateLoad("b0", 6, demand=0), CandidateLoad("b1", 1, demand=9000), CandidateLoad("b2", 1, demand=9000)]

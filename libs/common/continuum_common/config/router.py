@@ -121,6 +121,9 @@ class CostModel(Section):
     # was sent recently, so conversations spread over every backend's cache, instead of to
     # whoever holds its small shared head.
     affinity_threshold: float = Field(0.3, ge=0.0, le=1.0)
+    # The first turn of a chat conversation (no earlier answer in its messages) is new work
+    # too, whatever it holds: its backend is where every later turn goes.
+    place_conversation_starts: bool = True
     # Half-life of that recent-demand measure.
     demand_half_life_seconds: float = Field(60.0, gt=0.0, le=86_400.0)
     # Cache affinity never pushes a backend beyond ceil((1 + epsilon) * mean in-flight); None

@@ -48,6 +48,7 @@ from continuum_ingress.policy.kv_cost import (
 )
 from continuum_ingress.policy.kv_scoring import Weights
 from continuum_ingress.policy.scorer import best_scored
+from continuum_ingress.protocol.requests import conversation_start
 
 if TYPE_CHECKING:
     from continuum_ingress.kv.metrics import KvScorerMetrics
@@ -95,6 +96,7 @@ class KvSelector:
         self.weights = Weights.from_config(section.scoring)
         self.params = CostParams.from_config(section.scoring.cost, config.prefix_routing.load_factor_epsilon)
         self.demand = DecayingDemand(section.scoring.cost.demand_half_life_seconds)
+        self.place_starts = section.scoring.cost.place_conversation_starts
         self.share: Callable[[Decision], None] | None = None  # set once NATS is connected
         self.share_decisions = section.share_decisions
         self.kv_aware_by_backend: Counter[str] = Counter()
@@ -135,7 +137,8 @@ class KvSelector:
         ]
         if self.model == "seed":
             return choose_by_seed(plan.prompt_tokens, loads, plan.held, self.weights)
-        choice = choose_by_cost(plan.prompt_tokens, loads, plan.held, self.params, _tie_key(plan.keys))
+        start = self.place_starts and conversation_start(state.request)
+        choice = choose_by_cost(plan.prompt_tokens, loads, plan.held, self.params, _tie_key(plan.keys), start=start)
         if choice is not None and choice.moved is not None:
             self.metrics.affinity_moves.labels(choice.moved).inc()
         return choice

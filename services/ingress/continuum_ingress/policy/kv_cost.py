@@ -19,10 +19,12 @@ beyond it. Exact ties go to a backend chosen by `tie_key` (a hash of the request
 equal candidates share new conversations evenly and deterministically.
 
 A request whose best candidate holds less than `affinity_threshold` of its prompt is new work
-(a new conversation that shares only a system prompt with others): it is *placed* instead, on
-the eligible candidate that was given the least new prompt recently (`demand`, decayed, per unit
-of weight), so conversations spread over every backend's cache rather than piling onto whoever
-holds their small shared head.
+(a new conversation that shares only a system prompt with others), and so is the first turn of a
+chat conversation (`start`: no earlier answer in it), whatever it holds, since its backend is
+where every later turn will go: it is *placed* instead, on the eligible candidate that was given
+the least new prompt recently (`demand`, decayed, per unit of weight) plus what it would prefill
+there, so conversations spread over every backend's cache rather than piling onto whoever holds
+their shared head.
 
 `seed` is the seed's composite score over the same holdings (policy/kv_scoring.py's formula with
 raw_overlap = tokens held / most held by any candidate), deciding only above 0.3.
@@ -151,14 +153,17 @@ def choose_by_cost(
     held: dict[str, Held],
     params: CostParams,
     tie_key: int = 0,
+    *,
+    start: bool = False,
 ) -> KvChoice | None:
-    """The candidate with the lowest estimated time to first token under the load bound."""
+    """The candidate with the lowest estimated time to first token under the load bound.
+    `start`: the request opens a conversation (placed as new work whatever it holds)."""
     if not candidates or not any(held.get(c.name, NOTHING).any_tokens > 0 for c in candidates):
         return None
     bound = load_bound(candidates, params.epsilon)
     eligible = [c for c in candidates if c.in_flight < bound] or list(candidates)
     most = max(min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates)
-    if prompt_tokens > 0 and most < params.affinity_threshold * prompt_tokens:
+    if prompt_tokens > 0 and (start or most < params.affinity_threshold * prompt_tokens):
         placed = _place(prompt_tokens, eligible, held, params, tie_key)
         return replace(placed, moved=_moved(prompt_tokens, placed.backend, candidates, eligible, held, reason="placed"))
     rate = params.prefill_tokens_per_second

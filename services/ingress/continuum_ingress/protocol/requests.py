@@ -262,3 +262,16 @@ VALIDATORS: dict[Api, Callable[[dict[str, Any]], ParsedRequest]] = {
 
 def parse_request(api: Api, raw: bytes) -> ParsedRequest:
     return VALIDATORS[api](parse_json_object(raw))
+
+
+def conversation_start(request: ParsedRequest) -> bool:
+    """A chat request with no earlier answer in it: the first turn of a conversation. Its
+    backend is where the whole conversation will live, so the KV cost model places it for
+    balance rather than following a shared system prompt (docs/kv-scorer.md). Only OpenAI chat
+    and Anthropic messages carry turns; every other API says False."""
+    if request.api is not Api.CHAT and request.api is not Api.MESSAGES:
+        return False
+    messages = request.body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return False
+    return not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
