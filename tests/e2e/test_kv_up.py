@@ -44,6 +44,16 @@ def kv_decisions(metrics: str, decision: str) -> float:
     return sum(float(v) for v in re.findall(pattern, metrics))
 
 
+def continued(body: dict[str, Any]) -> dict[str, Any]:
+    """The request as a later turn of its conversation (a first turn is placed for balance, and
+    counted as `placed`, not `kv_aware`)."""
+    first = body["messages"]
+    return {
+        **body,
+        "messages": [*first, {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "More."}],
+    }
+
+
 async def until_kv_aware(http: httpx.AsyncClient, url: str, body: dict[str, Any], timeout: float = 20.0) -> None:
     """Repeat the request until one is routed by the KV index (the first one teaches it)."""
     async with asyncio.timeout(timeout):
@@ -63,7 +73,7 @@ async def test_up_demo_routes_by_the_kv_index(tmp_path: Path) -> None:
         assert (state / "admin-token").stat().st_mode & 0o777 == 0o600
         listener = yaml.safe_load((state / "demo-listener.yaml").read_text())
         assert len(listener["sources"]) == 3 and all(s["publish"] == "blocks" for s in listener["sources"])
-        body = chat("You are the demo assistant. " + words("demo", 40), "hello")
+        body = continued(chat("You are the demo assistant. " + words("demo", 40), "hello"))
         body["model"] = "continuum-sim-8b"
         # A speculative entry may already route the second request; the engine's own block
         # events (listener -> JetStream -> embedded block index) keep routing it afterwards.
@@ -117,5 +127,5 @@ async def test_up_with_a_redis_index_runs_listener_and_indexer(tmp_path: Path, r
             ) as url,
             httpx.AsyncClient(timeout=30) as http,
         ):
-            body = chat("System prompt for the redis index. " + words("redis", 40), "hello", max_tokens=32)
+            body = continued(chat("System prompt for the redis index. " + words("redis", 40), "hello", max_tokens=32))
             await until_kv_aware(http, url, body)
