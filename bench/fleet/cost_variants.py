@@ -1,7 +1,8 @@
 """Cost-model variants of `continuum-kv-precise`, for tuning runs of `bench compare`
 (`--plugin bench.fleet.cost_variants`). Each name spells its overrides of
 `kv_cache_index.scoring.cost`: `pen<miss_penalty>`, `eps<load_factor_epsilon>`; `nostarts`
-turns off the placement of conversation starts, `noload` the shared load view between replicas.
+turns off the placement of conversation starts, `noload` the shared load view between replicas,
+`slack<n>` sets `load_bound_slack`.
 
     continuum-router bench compare --plugin bench.fleet.cost_variants --workloads trace \\
         --routers continuum-kv-precise-pen1-eps0.25,continuum-kv-precise-pen3-eps1 ...
@@ -33,3 +34,9 @@ register_stack(
     "continuum-kv-precise-x3-noload",
     KvStack("continuum-kv-precise-x3-noload", "memory", "precise", "blocks", replicas=3, load_sharing=False),
 )
+
+for _slack in (0, 1, 2):
+    register_stack(
+        f"continuum-kv-precise-slack{_slack}",
+        KvStack(f"continuum-kv-precise-slack{_slack}", "memory", "precise", "blocks", cost=(("load_bound_slack", _slack),)),
+    )

@@ -184,3 +184,22 @@ def test_decaying_demand() -> None:
     assert demand.value("b", 20.0) == 0.0
     demand.clear()
     assert demand.value("a", 20.0) == 0.0
+
+
+def test_the_bound_slack_keeps_a_home_that_is_one_request_busier() -> None:
+    # b0 holds the conversation and has 2 requests in flight, the others none: with ε 1.0 the
+    # bound is ceil(2 · 3 / 4) = 2, so b0 is full and the turn loses its history
+    params = CostParams(epsilon=1.0)
+    cands = [CandidateLoad("b0", 2), CandidateLoad("b1", 0), CandidateLoad("b2", 0), CandidateLoad("b3", 0)]
+    held = {"b0": Held(5000, 5000)}
+    assert load_bound(cands, 1.0) == 2
+    moved = choose_by_cost(5200, cands, held, params)
+    assert moved is not None and moved.backend != "b0" and moved.moved == "bound"
+    # one request of slack keeps it home
+    kept = choose_by_cost(5200, cands, held, CostParams(epsilon=1.0, bound_slack=1))
+    assert kept is not None and kept.backend == "b0" and kept.moved is None
+    # ...but not beyond the slack
+    cands[0] = CandidateLoad("b0", 3)
+    assert load_bound(cands, 1.0, 1) == 3
+    moved = choose_by_cost(5200, cands, held, CostParams(epsilon=1.0, bound_slack=1))
+    assert moved is not None and moved.backend != "b0"

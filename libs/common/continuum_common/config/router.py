@@ -131,6 +131,10 @@ class CostModel(Section):
     # are small integers, and a moved conversation recomputes its whole history, so the bound
     # is a guard against pile-ups while the cost model does the balancing.
     load_factor_epsilon: float | None = Field(1.0, ge=0.01, le=10.0)
+    # Requests a backend may take beyond that bound for cache affinity: with a few requests in
+    # flight the bound's rounding alone is 2 or 3, and a conversation whose home is one request
+    # busier than the others would lose its history for a difference the engine barely feels.
+    load_bound_slack: int = Field(1, ge=0, le=1_000)
 
 
 class Scoring(Section):

@@ -14,8 +14,8 @@ requests this router sent it that have not produced a first byte yet (`queued_to
 (the estimated time to first token, with each uncached token also charged `miss_penalty` for
 the second copy it writes and the history the conversation leaves behind) and takes the
 smallest, among the candidates under the CHWBL load bound
-`ceil((1 + ε) · (total in flight + 1) / candidates)`: cache affinity alone never pushes a backend
-beyond it. Exact ties go to a backend chosen by `tie_key` (a hash of the request's prefix), so
+`ceil((1 + ε) · (total in flight + 1) / candidates) + slack`: cache affinity alone never pushes a
+backend beyond it. Exact ties go to a backend chosen by `tie_key` (a hash of the request's prefix), so
 equal candidates share new conversations evenly and deterministically.
 
 A request whose best candidate holds less than `affinity_threshold` of its prompt is new work
@@ -85,6 +85,7 @@ class CostParams:
     epsilon: float = 1.0
     affinity_threshold: float = 0.3
     miss_penalty: float = 3.0
+    bound_slack: int = 0
 
     @classmethod
     def from_config(cls, cfg: CostModel, default_epsilon: float) -> CostParams:
@@ -95,6 +96,7 @@ class CostParams:
             epsilon=cfg.load_factor_epsilon if cfg.load_factor_epsilon is not None else default_epsilon,
             affinity_threshold=cfg.affinity_threshold,
             miss_penalty=cfg.miss_penalty,
+            bound_slack=cfg.load_bound_slack,
         )
 
 
@@ -142,9 +144,12 @@ def new_tokens(prompt_tokens: int, held: Held, params: CostParams) -> float:
     return max(0.0, prompt_tokens - gpu - warm * (1.0 - params.storage_token_cost))
 
 
-def load_bound(candidates: Sequence[CandidateLoad], epsilon: float) -> int:
+def load_bound(candidates: Sequence[CandidateLoad], epsilon: float, slack: int = 0) -> int:
+    """CHWBL's `ceil((1 + ε) · (total + 1) / n)`, plus `slack` requests: with a few requests in
+    flight the rounding alone makes the bound 2 or 3, and a conversation whose home is one
+    request busier than the rest would be moved for a difference the engine barely feels."""
     total = sum(c.in_flight for c in candidates)
-    return math.ceil((1.0 + epsilon) * (total + 1) / len(candidates))
+    return math.ceil((1.0 + epsilon) * (total + 1) / len(candidates)) + slack
 
 
 def choose_by_cost(
@@ -160,7 +165,7 @@ def choose_by_cost(
     `start`: the request opens a conversation (placed as new work whatever it holds)."""
     if not candidates or not any(held.get(c.name, NOTHING).any_tokens > 0 for c in candidates):
         return None
-    bound = load_bound(candidates, params.epsilon)
+    bound = load_bound(candidates, params.epsilon, params.bound_slack)
     eligible = [c for c in candidates if c.in_flight < bound] or list(candidates)
     most = max(min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates)
     if prompt_tokens > 0 and (start or most < params.affinity_threshold * prompt_tokens):
