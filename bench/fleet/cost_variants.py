@@ -2,7 +2,7 @@
 (`--plugin bench.fleet.cost_variants`). Each name spells its overrides of
 `kv_cache_index.scoring.cost`: `pen<miss_penalty>`, `eps<load_factor_epsilon>`; `nostarts`
 turns off the placement of conversation starts, `noload` the shared load view between replicas,
-`slack<n>` sets `load_bound_slack`.
+`slack<n>` sets `load_bound_slack`, `req<n>` `placement_request_tokens`.
 
     continuum-router bench compare --plugin bench.fleet.cost_variants --workloads trace \\
         --routers continuum-kv-precise-pen1-eps0.25,continuum-kv-precise-pen3-eps1 ...
@@ -38,5 +38,15 @@ register_stack(
 for _slack in (0, 1, 2):
     register_stack(
         f"continuum-kv-precise-slack{_slack}",
-        KvStack(f"continuum-kv-precise-slack{_slack}", "memory", "precise", "blocks", cost=(("load_bound_slack", _slack),)),
+        KvStack(
+            f"continuum-kv-precise-slack{_slack}", "memory", "precise", "blocks", cost=(("load_bound_slack", _slack),)
+        ),
+    )
+
+for _req in (0, 256, 1024):
+    register_stack(
+        f"continuum-kv-precise-req{_req}",
+        KvStack(
+            f"continuum-kv-precise-req{_req}", "memory", "precise", "blocks", cost=(("placement_request_tokens", _req),)
+        ),
     )

@@ -156,3 +156,23 @@ async def test_prefix_key_mode_under_the_cost_model(nats_server: NatsServer) -> 
             assert r.headers["x-continuum-backend"] == "c"
         # first turns are placed as new work; what c holds of the prompt keeps them there
         assert sample(ing, "continuum_kv_index_routing_decisions_total", decision="placed", tier="gpu_hot") == 3
+
+
+async def test_every_request_counts_in_the_placement_demand_on_every_replica(nats_server: NatsServer) -> None:
+    """A backend whose requests all hit its cache still takes requests: each one adds
+    `placement_request_tokens` to its demand, here and, through the shared decision, on the
+    other replica."""
+    async with running_stubs("a", "b") as stubs:
+        cfg = kv_config(stubs, nats_server.url, scoring={"cost": {"placement_request_tokens": 5000}})
+        async with ingresses(cfg, 2) as [(ing_a, a), (ing_b, _)]:
+            conv = Conversation("dave")
+            home = await send(a, conv)
+            for _ in range(2):
+                assert await send(a, conv) == home
+            sel_a = ing_a.app.kv.selector  # type: ignore[union-attr]
+            sel_b = ing_b.app.kv.selector  # type: ignore[union-attr]
+            other = "b" if home == "a" else "a"
+            # three requests: at least 3 × 5,000 on top of their new tokens, nothing elsewhere
+            assert sel_a.demand.value(home, sel_a.clock()) >= 15_000
+            assert sel_a.demand.value(other, sel_a.clock()) == 0
+            await eventually(lambda: sel_b.demand.value(home, sel_b.clock()) >= 15_000)

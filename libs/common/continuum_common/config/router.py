@@ -124,6 +124,10 @@ class CostModel(Section):
     # The first turn of a chat conversation (no earlier answer in its messages) is new work
     # too, whatever it holds: its backend is where every later turn goes.
     place_conversation_starts: bool = True
+    # In that measure every request routed also counts as this many new prompt tokens: a backend
+    # whose requests all hit its cache still decodes them and takes their slots, and without it
+    # would look idle and attract every new conversation.
+    placement_request_tokens: float = Field(256.0, ge=0.0, le=1e6)
     # Half-life of that recent-demand measure.
     demand_half_life_seconds: float = Field(60.0, gt=0.0, le=86_400.0)
     # Cache affinity never pushes a backend beyond ceil((1 + epsilon) * mean in-flight); None

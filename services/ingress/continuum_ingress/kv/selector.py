@@ -96,6 +96,8 @@ class KvSelector:
         self.weights = Weights.from_config(section.scoring)
         self.params = CostParams.from_config(section.scoring.cost, config.prefix_routing.load_factor_epsilon)
         self.demand = DecayingDemand(section.scoring.cost.demand_half_life_seconds)
+        # every request also counts as this many new tokens (docs/kv-scorer.md, placement)
+        self.request_tokens = section.scoring.cost.placement_request_tokens
         self.place_starts = section.scoring.cost.place_conversation_starts
         self.share: Callable[[Decision], None] | None = None  # set once NATS is connected
         self.share_decisions = section.share_decisions
@@ -289,7 +291,7 @@ class KvSelector:
             kind = KIND_APPROXIMATE
         fresh = max(0, plan.prompt_tokens - (h.any_tokens if h is not None else 0))
         state.prefill_tokens = fresh
-        self.demand.add(backend.name, fresh, now)
+        self.demand.add(backend.name, fresh + self.request_tokens, now)
         if self.share is not None and self.share_decisions:
             self.share(Decision(self.replica, group.name, backend.name, kind, time.time(), list(recorded), fresh))
 
@@ -302,7 +304,7 @@ class KvSelector:
         group = self.groups.get(decision.group)
         if group is None or decision.backend not in self.group_of:
             return
-        self.demand.add(decision.backend, decision.new_tokens, self.clock())
+        self.demand.add(decision.backend, decision.new_tokens + self.request_tokens, self.clock())
         if decision.kind == KIND_SPECULATIVE and group.mode == "precise":
             # the part of the chain the sender's (and so our) block index did not confirm yet
             group.memory.record(decision.backend, decision.keys, self.clock())
