@@ -50,3 +50,13 @@ for _req in (0, 256, 1024):
             f"continuum-kv-precise-req{_req}", "memory", "precise", "blocks", cost=(("placement_request_tokens", _req),)
         ),
     )
+
+# Conversation starts placed or not, with neither the bound's slack nor the per-request demand.
+for _starts in (True, False):
+    _name = "continuum-kv-precise-slack0-req0" if _starts else "continuum-kv-precise-nostarts-slack0-req0"
+    _overrides: tuple[tuple[str, float | bool], ...] = (
+        ("load_bound_slack", 0),
+        ("placement_request_tokens", 0),
+        ("place_conversation_starts", _starts),
+    )
+    register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=_overrides))
