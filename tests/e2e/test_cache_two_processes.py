@@ -53,11 +53,13 @@ async def _chat(url: str, model: str, *, stream: bool = False) -> tuple[str | No
     async with openai.AsyncOpenAI(api_key="sk-shared-tenant", base_url=f"{url}/v1", max_retries=0, timeout=10) as oc:
         if stream:
             async with oc.chat.completions.with_streaming_response.create(
-                model=model, messages=MESSAGES, max_tokens=8, stream=True
+                model=model, messages=MESSAGES, max_tokens=8, temperature=0, stream=True
             ) as r:
                 data = b"".join([c async for c in r.iter_bytes()])
                 return r.headers.get("x-cache"), r.headers.get("x-continuum-backend"), data
-        raw = await oc.chat.completions.with_raw_response.create(model=model, messages=MESSAGES, max_tokens=8)
+        raw = await oc.chat.completions.with_raw_response.create(
+            model=model, messages=MESSAGES, max_tokens=8, temperature=0
+        )
         raw.parse()
         return raw.headers.get("x-cache"), raw.headers.get("x-continuum-backend"), raw.content
 

@@ -32,7 +32,9 @@ def body_of(text: str) -> bytes:
 
 
 def request(text: str) -> CacheRequest:
-    return CacheRequest(Route.CHAT, {"model": "m", "messages": [{"role": "user", "content": text}]}, HEADERS)
+    return CacheRequest(
+        Route.CHAT, {"model": "m", "messages": [{"role": "user", "content": text}], "temperature": 0}, HEADERS
+    )
 
 
 def build(url: str, registry: CollectorRegistry, **redis_opts: Any) -> ResponseCache:

@@ -56,7 +56,7 @@ def _openai(url: str, key: str = "sk-tenant-a") -> openai.AsyncOpenAI:
 async def _chat(oc: openai.AsyncOpenAI, model: str, **extra: Any) -> tuple[str | None, str | None, bytes]:
     """(X-Cache, x-continuum-backend, raw body) of one non-stream chat completion."""
     raw = await oc.chat.completions.with_raw_response.create(
-        model=model, messages=extra.pop("messages", MESSAGES), max_tokens=8, **extra
+        model=model, messages=extra.pop("messages", MESSAGES), max_tokens=8, **{"temperature": 0, **extra}
     )
     raw.parse()  # the SDK accepts the body
     return raw.headers.get("x-cache"), raw.headers.get("x-continuum-backend"), raw.content
@@ -64,7 +64,12 @@ async def _chat(oc: openai.AsyncOpenAI, model: str, **extra: Any) -> tuple[str |
 
 async def _chat_stream(oc: openai.AsyncOpenAI, model: str) -> tuple[str | None, str | None, bytes]:
     async with oc.chat.completions.with_streaming_response.create(
-        model=model, messages=MESSAGES, max_tokens=8, stream=True, stream_options={"include_usage": True}
+        model=model,
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     ) as response:
         data = b"".join([chunk async for chunk in response.iter_bytes()])
         return response.headers.get("x-cache"), response.headers.get("x-continuum-backend"), data
@@ -93,7 +98,12 @@ async def test_miss_then_hit_non_stream_and_stream(fleet: SimFleet, store: dict[
         chunks = [
             c
             async for c in await oc.chat.completions.create(
-                model=model, messages=MESSAGES, max_tokens=8, stream=True, stream_options={"include_usage": True}
+                model=model,
+                messages=MESSAGES,
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
             )
         ]
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
@@ -108,12 +118,20 @@ async def test_miss_then_hit_non_stream_and_stream(fleet: SimFleet, store: dict[
 async def test_completions_and_anthropic_messages_are_cached(fleet: SimFleet, redis_server: RedisServer) -> None:
     model = fleet.endpoints[0].model
     async with (
-        running_ingress(cache_config(fleet.router_backends(), **_store("redis", redis_server))) as ing,
+        # the Anthropic SDK sends no temperature (its newest API version refuses the field):
+        # caching its answers is the operator's opt-in
+        running_ingress(
+            cache_config(fleet.router_backends(), cache_omitted_temperature=True, **_store("redis", redis_server))
+        ) as ing,
         _openai(ing.url) as oc,
     ):
-        first = await oc.completions.with_raw_response.create(model=model, prompt="Once upon a time", max_tokens=4)
+        first = await oc.completions.with_raw_response.create(
+            model=model, prompt="Once upon a time", max_tokens=4, temperature=0
+        )
         await wait_entries(ing.url, 1)
-        again = await oc.completions.with_raw_response.create(model=model, prompt="Once upon a time", max_tokens=4)
+        again = await oc.completions.with_raw_response.create(
+            model=model, prompt="Once upon a time", max_tokens=4, temperature=0
+        )
         assert (first.headers["x-cache"], again.headers["x-cache"]) == ("MISS", "HIT")
         assert again.content == first.content
 
@@ -122,7 +140,7 @@ async def test_completions_and_anthropic_messages_are_cached(fleet: SimFleet, re
         ) as ac:
             request: dict[str, Any] = {
                 "model": model,
-                "max_tokens": 8,  # no temperature: omitted is eligible (this SDK no longer sends one)
+                "max_tokens": 8,  # no temperature: eligible here only through cache_omitted_temperature
                 "system": SYSTEM,
                 "messages": [{"role": "user", "content": "hi"}],
             }
@@ -151,8 +169,11 @@ async def test_bypass_tenants_and_output_shaping_fields(fleet: SimFleet) -> None
     async with running_ingress(cache_config(fleet.router_backends())) as ing, _openai(ing.url) as oc:
         before = engine_requests(fleet)
         assert [(await _chat(oc, model, temperature=0.7))[0] for _ in range(2)] == ["BYPASS", "BYPASS"]
-        assert engine_requests(fleet) == before + 2
-        assert await metric(ing.url, "continuum_response_cache_requests_total", result="skip") == 2
+        # an omitted temperature samples at the provider's default (1.0): not cached either
+        omitted = await oc.chat.completions.with_raw_response.create(model=model, messages=MESSAGES, max_tokens=8)
+        assert omitted.headers["x-cache"] == "BYPASS"
+        assert engine_requests(fleet) == before + 3
+        assert await metric(ing.url, "continuum_response_cache_requests_total", result="skip") == 3
 
         # Tenants: another API key never sees tenant A's entry.
         assert (await _chat(oc, model))[0] == "MISS"

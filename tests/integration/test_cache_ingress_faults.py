@@ -36,10 +36,12 @@ def _openai(url: str) -> openai.AsyncOpenAI:
 
 async def _x_cache(oc: openai.AsyncOpenAI, *, stream: bool = False) -> str | None:
     if not stream:
-        raw = await oc.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+        raw = await oc.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, temperature=0)
         raw.parse()
         return raw.headers.get("x-cache")
-    async with oc.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES, stream=True) as r:
+    async with oc.chat.completions.with_streaming_response.create(
+        model="m", messages=MESSAGES, temperature=0, stream=True
+    ) as r:
         async for _ in r.iter_bytes():
             pass
         return r.headers.get("x-cache")
@@ -58,7 +60,9 @@ async def test_interrupted_streams_are_not_cached() -> None:
             # The upstream breaks off after two events: the client gets an in-band error.
             stub.break_stream_after = 2
             with pytest.raises(openai.APIError):
-                async for _ in await oc.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+                async for _ in await oc.chat.completions.create(
+                    model="m", messages=MESSAGES, temperature=0, stream=True
+                ):
                     pass
             stub.break_stream_after = None
             # The client goes away after the first chunk.
@@ -66,7 +70,9 @@ async def test_interrupted_streams_are_not_cached() -> None:
             async with (
                 httpx.AsyncClient(base_url=ing.url) as client,
                 client.stream(
-                    "POST", "/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+                    "POST",
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": MESSAGES, "temperature": 0, "stream": True},
                 ) as r,
             ):
                 assert r.headers["x-cache"] == "MISS"

@@ -119,7 +119,7 @@ async def test_more_concurrent_commands_than_pool_connections_wait_instead_of_fa
 
 
 def chat(stream: bool = False) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": "shared?"}], "stream": stream}
+    return {"model": "m", "messages": [{"role": "user", "content": "shared?"}], "temperature": 0, "stream": stream}
 
 
 HEADERS = {"authorization": "Bearer sk-shared"}

@@ -43,10 +43,13 @@ async def fleet() -> AsyncIterator[SimFleet]:
         yield running
 
 
-async def _ask(url: str, model: str, question: str, *, system: str = SYSTEM, key: str = "sk-a") -> tuple[Any, ...]:
+async def _ask(
+    url: str, model: str, question: str, *, system: str = SYSTEM, key: str = "sk-a", temperature: float | None = 0
+) -> tuple[Any, ...]:
     messages: list[Any] = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    sampling: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
     async with openai.AsyncOpenAI(api_key=key, base_url=f"{url}/v1", max_retries=0, timeout=15) as oc:
-        raw = await oc.chat.completions.with_raw_response.create(model=model, messages=messages, temperature=0)
+        raw = await oc.chat.completions.with_raw_response.create(model=model, messages=messages, **sampling)
     raw.parse()
     assert raw.headers.get("x-continuum-backend") != "embedder"  # internal: never client traffic
     return raw.headers.get("x-cache"), raw.headers.get("x-cache-mode"), raw.content
@@ -69,6 +72,11 @@ async def test_semantic_hit_within_a_partition_only(fleet: SimFleet, redis_serve
             hit = await _ask(ing.url, model, paraphrase)
             assert hit == ("HIT", "semantic", first[2])  # the first answer, byte for byte
         assert engine_requests(fleet) == before + 1  # embeddings calls are not chat requests
+
+        # without a temperature the request samples at 1.0: neither cached nor answered from it
+        assert (await _ask(ing.url, model, PARAPHRASES[0], temperature=None))[:2] == ("BYPASS", None)
+        assert engine_requests(fleet) == before + 2
+        before += 1
 
         assert (await _ask(ing.url, model, UNRELATED))[0] == "MISS"
         # Same words, another partition: another system prompt, another API key.

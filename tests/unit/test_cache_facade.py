@@ -37,7 +37,7 @@ def make(registry: CollectorRegistry | None = None, **response_cache: Any) -> Re
 
 
 def chat(text: str = "hi", **extra: Any) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": text}], **extra}
+    return {"model": "m", "messages": [{"role": "user", "content": text}], "temperature": 0, **extra}
 
 
 def req(body: dict[str, Any], headers: dict[str, str] = KEY_A, route: str = Route.CHAT) -> CacheRequest:
@@ -74,9 +74,22 @@ async def test_bypass_for_temperature_and_nothing_when_disabled() -> None:
     assert looked.status is CacheStatus.OFF and looked.headers == {} and off.counts["skip"] == 0
 
 
+async def test_an_omitted_temperature_is_cached_only_when_configured() -> None:
+    omitted = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    looked = await make().lookup(req(omitted))
+    assert looked.status is CacheStatus.BYPASS and looked.reason == "temperature"
+    cache = make(cache_omitted_temperature=True)
+    first = await cache.lookup(req(omitted))
+    assert first.status is CacheStatus.MISS
+    assert await cache.store(first, status=200, headers=JSON, body=BODY)
+    assert (await cache.lookup(req(omitted))).status is CacheStatus.HIT
+    # an explicit 0 is another entry
+    assert (await cache.lookup(req(chat()))).status is CacheStatus.MISS
+
+
 async def test_unkeyable_body_bypasses() -> None:
     cache = make()
-    looked = await cache.lookup(req({"messages": []}))
+    looked = await cache.lookup(req({"messages": [], "temperature": 0}))
     assert looked.status is CacheStatus.BYPASS and looked.reason == "unkeyable"
 
 

@@ -11,7 +11,7 @@ from continuum_ingress.cache.policy.eligibility import CachePolicy, Reason, Rout
 from continuum_ingress.cache.policy.semantic import last_user_text, partition_digest, semantic_text
 from continuum_ingress.cache.policy.tenant import derive_tenant
 
-BASE: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+BASE: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
 POLICY = CachePolicy()
 
 
@@ -19,7 +19,8 @@ POLICY = CachePolicy()
     ("extra", "route", "policy", "reason"),
     [
         ({}, Route.CHAT, POLICY, Reason.OK),
-        ({"temperature": 0}, Route.CHAT, POLICY, Reason.OK),
+        ({"temperature": None}, Route.CHAT, POLICY, Reason.TEMPERATURE),  # omitted: sampled at 1.0
+        ({"temperature": None}, Route.ANTHROPIC, CachePolicy(cache_omitted_temperature=True), Reason.OK),
         ({"temperature": 0.0}, Route.ANTHROPIC, POLICY, Reason.OK),
         ({"temperature": 0.7}, Route.CHAT, POLICY, Reason.TEMPERATURE),
         ({"temperature": False}, Route.CHAT, POLICY, Reason.TEMPERATURE),
@@ -102,6 +103,7 @@ def _chat(last: Any, system: str = "You are terse.", **extra: Any) -> dict[str, 
             {"role": "assistant", "content": "reply"},
             {"role": "user", "content": last},
         ],
+        "temperature": 0,
         **extra,
     }
 
@@ -113,6 +115,14 @@ def test_semantic_text_eligibility() -> None:
     assert semantic_text(_chat("é" * 51), route=Route.CHAT, max_input_bytes=100) is None  # 102 bytes
     assert semantic_text(_chat("x", stream=True), route=Route.CHAT, max_input_bytes=100) is None
     assert semantic_text(_chat("x", temperature=0.2), route=Route.CHAT, max_input_bytes=100) is None
+    # an omitted temperature samples at the provider's default: not eligible unless configured
+    assert semantic_text(_chat("x", temperature=None), route=Route.CHAT, max_input_bytes=100) is None
+    assert (
+        semantic_text(
+            _chat("x", temperature=None), route=Route.CHAT, max_input_bytes=100, omitted_temperature_is_zero=True
+        )
+        == "x"
+    )
     assert semantic_text(_chat("x"), route=Route.COMPLETIONS, max_input_bytes=100) is None
     assert semantic_text(_chat("   "), route=Route.CHAT, max_input_bytes=100) is None
     image = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "data:"}}]
@@ -138,7 +148,7 @@ def test_partition_covers_identity_history_and_output_fields_but_not_the_questio
         part(_chat("q", response_format={"type": "json_object"})),
         part(_chat("q", seed=1)),
         part(_chat("q", max_tokens=5)),
-        part(_chat("q", temperature=0)),
+        part(_chat("q", temperature=None)),  # an omitted temperature (where it is cached) is its own partition
         part({**_chat("q"), "messages": [*_chat("q")["messages"][:2], {"role": "user", "content": "q"}]}),
         part({**_chat("q"), "messages": [*_chat("q")["messages"][:3], {"role": "user", "content": "q", "name": "n"}]}),
     ]

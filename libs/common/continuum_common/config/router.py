@@ -87,6 +87,10 @@ class ResponseCache(Section):
     # Tenant isolation: by default the tenant is a digest of the caller's API key; a trusted
     # front proxy can name the tenant in this header instead.
     tenant_header: str | None = None
+    # A request that omits `temperature` samples at the provider's default (1.0 for OpenAI and
+    # Anthropic), so by default it is not cached; true caches it as if it were 0 (for clients
+    # that never send the field but want repeated prompts answered from the cache).
+    cache_omitted_temperature: bool = False
     redis: ResponseCacheRedis | None = None
     semantic: SemanticCache = SemanticCache()
 

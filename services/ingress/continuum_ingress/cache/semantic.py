@@ -34,6 +34,7 @@ class SemanticSettings:
     ttl: float = 300.0
     max_input_bytes: int = 8192
     max_entries: int = 1000
+    cache_omitted_temperature: bool = False
 
     @classmethod
     def from_config(cls, cache: ResponseCache) -> SemanticSettings:
@@ -43,6 +44,7 @@ class SemanticSettings:
             ttl=sem.ttl if sem.ttl is not None else cache.ttl,
             max_input_bytes=sem.max_input_bytes,
             max_entries=sem.max_entries,
+            cache_omitted_temperature=cache.cache_omitted_temperature,
         )
 
 
@@ -77,7 +79,12 @@ class SemanticLayer:
 
     async def prepare(self, body: Mapping[str, Any], *, route: str, tenant_id: str | None) -> SemanticTicket | None:
         """Eligibility, partition and embedding; None means "not on the semantic path"."""
-        text = semantic_text(body, route=route, max_input_bytes=self.settings.max_input_bytes)
+        text = semantic_text(
+            body,
+            route=route,
+            max_input_bytes=self.settings.max_input_bytes,
+            omitted_temperature_is_zero=self.settings.cache_omitted_temperature,
+        )
         if text is None:
             return None
         try:

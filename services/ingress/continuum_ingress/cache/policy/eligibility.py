@@ -1,7 +1,8 @@
 """Which requests and responses the response cache may serve and store (seed "캐시 적격성").
 
-A request is eligible when its temperature is 0 or omitted and, for a stream, when stream
-buffering is on and the route's stream format has a terminal event this cache can recognise.
+A request is eligible when its temperature is 0 (or omitted, where `cache_omitted_temperature`
+allows it: an omitted temperature samples at the provider's default, 1.0) and, for a stream,
+when stream buffering is on and the route's stream format has a terminal event this cache can recognise.
 A response is storable when it is a 200 whose size fits `max_response_size` (whole bodies) or
 `max_stream_buffer_size` (streams; enforced while recording).
 """
@@ -52,6 +53,7 @@ class CachePolicy:
     max_stream_buffer_size: int = 10_485_760
     stream_buffering: bool = True
     tenant_header: str | None = None
+    cache_omitted_temperature: bool = False
 
     @classmethod
     def from_config(cls, cfg: ResponseCache) -> CachePolicy:
@@ -62,13 +64,18 @@ class CachePolicy:
             max_stream_buffer_size=cfg.max_stream_buffer_size,
             stream_buffering=cfg.stream_buffering,
             tenant_header=cfg.tenant_header.lower() if cfg.tenant_header else None,
+            cache_omitted_temperature=cfg.cache_omitted_temperature,
         )
 
 
-def is_zero_temperature(body: Mapping[str, Any]) -> bool:
+def is_zero_temperature(body: Mapping[str, Any], *, omitted_is_zero: bool = False) -> bool:
+    """An explicit temperature 0; an omitted one only when `omitted_is_zero` (it samples at the
+    provider's default, 1.0, so its answer is not the answer)."""
     value = body.get("temperature")
+    if value is None:
+        return omitted_is_zero
     # type() rather than isinstance(): True is an int, and `temperature: false` is not zero.
-    return value is None or (type(value) in (int, float) and value == 0)
+    return type(value) in (int, float) and value == 0
 
 
 def is_stream(body: Mapping[str, Any]) -> bool:
@@ -81,7 +88,7 @@ def request_reason(body: object, *, route: str, policy: CachePolicy) -> Reason:
         return Reason.DISABLED
     if not isinstance(body, Mapping):
         return Reason.NOT_AN_OBJECT
-    if not is_zero_temperature(body):
+    if not is_zero_temperature(body, omitted_is_zero=policy.cache_omitted_temperature):
         return Reason.TEMPERATURE
     if is_stream(body):
         if not policy.stream_buffering:

@@ -51,11 +51,13 @@ def last_user_text(body: Mapping[str, Any]) -> str | None:
     return "\n".join(texts)
 
 
-def semantic_text(body: object, *, route: str, max_input_bytes: int) -> str | None:
+def semantic_text(
+    body: object, *, route: str, max_input_bytes: int, omitted_temperature_is_zero: bool = False
+) -> str | None:
     """The text to embed, or None when the request does not take the semantic path."""
     if route not in SEMANTIC_ROUTES or not isinstance(body, Mapping):
         return None
-    if is_stream(body) or not is_zero_temperature(body):
+    if is_stream(body) or not is_zero_temperature(body, omitted_is_zero=omitted_temperature_is_zero):
         return None
     text = last_user_text(body)
     if text is None or not text.strip() or len(text.encode("utf-8")) > max_input_bytes:
