@@ -236,7 +236,7 @@ class ApproximateMatching(Section):
 
 
 class LoadSharing(Section):
-    """The shared load view between ingress replicas (docs/kv-scorer.md, "Several replicas"):
+    """The shared load view between ingress replicas (docs/kv-scorer.md, "One load view"):
     each replica publishes its per-backend in-flight requests and queued prefill tokens over
     NATS and adds the other replicas' latest reports to its own counts."""
 

@@ -9,10 +9,11 @@ Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns
 * the block index it reads (engine block hashes): the embedded InMemoryBlockIndex (memory) or a
   read-only RedisBlockIndex (redis), through `BlockReads`;
 * the decision share (kv/adapters/decisions.py): routing decisions to and from the other
-  ingress replicas over NATS; the shared load view (adapters/load_share.py): every replica's
-  per-backend in-flight requests and queued prefill tokens, added to the pool's own counts; and
-  a watch that forgets what was recorded about a backend whose
-  engine cleared its cache (the block index's per-backend generation);
+  ingress replicas over NATS;
+* the shared load view (adapters/load_share.py): every replica's per-backend in-flight requests
+  and queued prefill tokens, added to the pool's own counts;
+* a watch that forgets what was recorded about a backend whose engine cleared its cache (the
+  block index's per-backend generation);
 * the prefix-key index it reads:
   - `backend: memory`: continuum_indexer.embedded.EmbeddedKvIndex, an InMemoryKvIndex in this
     process fed by a private JetStream consumer (it replays the last entry TTL of the stream,
