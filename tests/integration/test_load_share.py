@@ -96,20 +96,20 @@ async def test_one_replicas_load_reaches_the_other(nats_server: NatsServer) -> N
 async def test_a_stopping_replica_is_dropped_at_once_and_a_silent_one_at_the_bound(
     nats_server: NatsServer,
 ) -> None:
-    async with replicas(nats_server.url, "rep-3", "rep-4", "rep-5", stale_after_s=0.5) as (three, four, five):
+    async with replicas(nats_server.url, "rep-3", "rep-4", "rep-5", stale_after_s=2.0) as (three, four, five):
         for r in (three, four):
             s = r.pool.get("ls-b")
             assert s is not None
             s.begin(0.0)
         await eventually(lambda: five.state("ls-b") == (2, 0))
         await three.share.stop()  # final report
-        await eventually(lambda: five.state("ls-b")[0] <= 1, timeout=0.2)
+        await eventually(lambda: five.state("ls-b")[0] <= 1, timeout=1.0)  # well inside the 2 s bound
         # four goes silent without a final report (a crash): its load counts until the bound
         loop = asyncio.get_running_loop()
         started = loop.time()
         await four.share.nc.close()
-        await eventually(lambda: five.state("ls-b")[0] == 0, timeout=3.0)
-        assert loop.time() - started >= 0.3
+        await eventually(lambda: five.state("ls-b")[0] == 0, timeout=6.0)
+        assert loop.time() - started >= 1.5
         assert five.sample("continuum_ingress_load_peers_expired_total") >= 1
 
 
