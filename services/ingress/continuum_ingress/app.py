@@ -45,6 +45,7 @@ from continuum_ingress.admin import AdminAuth, AdminEndpoints
 from continuum_ingress.asgi import Receive, Scope, Send
 from continuum_ingress.cache.hook import CacheHook
 from continuum_ingress.config import ConfigHolder
+from continuum_ingress.edge import EdgeGuard, EdgeLimits
 from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
 from continuum_ingress.errors import RequestError
 from continuum_ingress.gemini.wiring import build_gemini
@@ -95,6 +96,9 @@ class IngressApp:
         # Raises ConfigError on an unreadable secret.
         self.holder = ConfigHolder(config, factory.build, initial)
         self.holder.on_reload.append(self.metrics.reload)
+        # The HTTP edge's limits apply to the server this app is mounted on (read at start;
+        # a change to them takes a restart, like server.host and server.port).
+        self.edge = EdgeGuard(EdgeLimits.from_config(initial.server), self.metrics.registry)
         # One Redis client per process (response cache; the KV scorer's Redis index).
         self.redis = redis or SharedRedis.from_config(self.holder.current.config)
         builtin_components: list[Component] = [self.redis]

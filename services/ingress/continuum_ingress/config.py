@@ -35,7 +35,16 @@ RESTART_ONLY = (
     "bus",
     "tracing",
 )
-RESTART_ONLY_SERVER = ("host", "port", "workers")
+RESTART_ONLY_SERVER = (
+    "host",
+    "port",
+    "workers",
+    "max_header_bytes",
+    "header_timeout",
+    "body_timeout",
+    "keepalive_timeout",
+    "max_connections_per_client",
+)
 
 Builder = Callable[[RouterConfig, int], RouterSnapshot]
 

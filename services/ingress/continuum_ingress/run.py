@@ -53,7 +53,7 @@ async def serve_forever(
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app.reload)
     bind_host = host or server_cfg.host
     bind_port = server_cfg.port if port is None else port
-    async with RunningServer(app.asgi, bind_host, bind_port, log_level="warning") as server:
+    async with RunningServer(app.asgi, bind_host, bind_port, log_level="warning", edge=app.edge) as server:
         log.info("continuum-router serving on %s (SIGHUP or a file change reloads %s)", server.url, config_path)
         print(f"continuum-router listening on {server.url}", flush=True)
         await stop.wait()

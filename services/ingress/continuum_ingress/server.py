@@ -13,6 +13,8 @@ from typing import Any
 
 import uvicorn
 
+from continuum_ingress.edge import EdgeGuard
+
 
 class EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
@@ -28,20 +30,24 @@ class EmbeddedServer(uvicorn.Server):
         raise RuntimeError("the server is not listening")
 
 
-def uvicorn_config(app: Any, host: str, port: int, *, log_level: str = "warning") -> uvicorn.Config:
+def uvicorn_config(
+    app: Any, host: str, port: int, *, log_level: str = "warning", edge: EdgeGuard | None = None
+) -> uvicorn.Config:
+    """uvicorn's settings for the router; with an `edge`, its protocol enforces the edge limits
+    (continuum_ingress.edge) and its keep-alive timeout applies."""
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         loop="none",
-        http="httptools",
+        http="httptools" if edge is None else edge.protocol,
         lifespan="on",
         access_log=False,
         server_header=False,
         log_config=None,
         log_level=log_level,
         backlog=2048,
-        timeout_keep_alive=30,
+        timeout_keep_alive=30 if edge is None else max(1, round(edge.limits.keepalive_timeout)),
         timeout_graceful_shutdown=30,
     )
 
@@ -50,8 +56,16 @@ class RunningServer:
     """`async with RunningServer(app, host, port) as server:` - listening on exit of __aenter__
     (port 0 picks a free port; read it from `server.port`), drained and stopped on exit."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
-        self.server = EmbeddedServer(uvicorn_config(app, host, port, log_level=log_level))
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        log_level: str = "warning",
+        edge: EdgeGuard | None = None,
+    ) -> None:
+        self.server = EmbeddedServer(uvicorn_config(app, host, port, log_level=log_level, edge=edge))
         self._task: asyncio.Task[None] | None = None
         self.host = host
 

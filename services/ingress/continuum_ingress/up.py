@@ -72,7 +72,7 @@ async def _ingress(ctx: UpContext) -> AsyncIterator[str | None]:
     server_cfg = ctx.config.server
     host = ctx.host or server_cfg.host
     port = server_cfg.port if ctx.port is None else ctx.port
-    async with RunningServer(app.asgi, host, port) as server:
+    async with RunningServer(app.asgi, host, port, edge=app.edge) as server:
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             import signal

@@ -472,6 +472,20 @@ class Server(Section):
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, le=1 << 30)
     workers: int = Field(1, ge=1, le=256)
+    # The HTTP edge (docs/configuration.md, "server"): request-head size, slow-client timeouts
+    # and the per-client connection cap (0: no cap).
+    max_header_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    header_timeout: Duration = 10.0
+    body_timeout: Duration = 30.0
+    keepalive_timeout: Duration = 30.0
+    max_connections_per_client: int = Field(1024, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _positive_timeouts(self) -> Self:
+        for key in ("header_timeout", "body_timeout", "keepalive_timeout"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"@{key}: must be greater than zero")
+        return self
 
 
 class RouterConfig(Section):

@@ -42,5 +42,5 @@ async def running_ingress(config: dict[str, Any] | str | Path, **kwargs: Any) ->
     """The ingress for `config` (a dict is validated like a file) listening on loopback."""
     source: RouterConfig | str | Path = router_config(config) if isinstance(config, dict) else config
     app = IngressApp(source, **kwargs)
-    async with RunningServer(app.asgi) as server:
+    async with RunningServer(app.asgi, edge=app.edge) as server:
         yield RunningIngress(app, server)
