@@ -172,3 +172,72 @@ async def test_client_disconnect_cancels_the_upstream_request() -> None:
             async with http(ing) as c:
                 disconnects = (await c.get("/metrics")).text
             assert "continuum_ingress_client_disconnects_total 2.0" in disconnects
+
+
+async def test_a_stream_without_a_first_token_in_time_is_retried_on_another_backend() -> None:
+    async with running_stubs("a", "b") as stubs:
+        a, b = (s.stub for s in stubs)
+        a.chunk_delay = 3.0  # the head at once, the first token after 3 s
+        backends = stub_backends(stubs, first_byte_timeout_ms=400)
+        async with running_ingress({"backends": backends}) as ing, http(ing) as c:
+            started = asyncio.get_running_loop().time()
+            r = await c.post("/v1/chat/completions", json=STREAM)
+            elapsed = asyncio.get_running_loop().time() - started
+            retries = await counter(c, "continuum_ingress_retries_total")
+            attempts = await counter(c, "continuum_backend_requests_total")
+    assert r.status_code == 200 and r.headers["x-continuum-backend"] == "b"
+    assert r.text.endswith("data: [DONE]\n\n")
+    assert '"content":"b"' in r.text and '"content":"a"' not in r.text  # one answer, b's alone
+    assert elapsed < 2.5
+    assert retries['{reason="first_byte_timeout"}'] == 1
+    assert attempts['{backend="a",outcome="timeout"}'] == 1
+    for _ in range(40):  # the abandoned upstream request was closed (the engine stops generating)
+        if a.cancelled:
+            break
+        await asyncio.sleep(0.05)
+    assert a.cancelled == 1
+
+
+async def test_a_stream_that_stalls_mid_way_ends_with_an_error_event_and_counts_a_failure() -> None:
+    async with running_stubs("a") as stubs:
+        a = stubs[0].stub
+        a.stall_after, a.stall_s = 2, 5.0  # two events, then silence
+        backends = stub_backends(stubs, stream_idle_timeout_ms=300)
+        async with running_ingress({"backends": backends}) as ing, http(ing) as c:
+            started = asyncio.get_running_loop().time()
+            r = await c.post("/v1/chat/completions", json=STREAM)
+            elapsed = asyncio.get_running_loop().time() - started
+            attempts = await counter(c, "continuum_backend_requests_total")
+            state = ing.app.pool.get("a")
+            assert state is not None
+            window = state.success_rate
+    assert r.status_code == 200  # the status line was long gone
+    assert '"hello "' in r.text  # the events before the stall arrived
+    assert "sent nothing for 0.3s mid-stream" in r.text and "[DONE]" not in r.text
+    assert elapsed < 2.5
+    assert attempts['{backend="a",outcome="timeout"}'] == 1
+    assert window < 1.0  # the failure is in the backend's outcome window (what the breaker reads)
+
+
+@pytest.mark.parametrize("body", [BODY, STREAM], ids=["non-stream", "stream"])
+async def test_requests_waiting_on_a_backend_taken_out_by_health_checks_move_at_once(body: dict[str, object]) -> None:
+    async with running_stubs("a", "b") as stubs:
+        a, b = (s.stub for s in stubs)
+        a.hang = True  # accepts, never answers (a stopped engine)
+        async with running_ingress({"backends": stub_backends(stubs)}) as ing, http(ing) as c:
+            request = asyncio.ensure_future(c.post("/v1/chat/completions", json=body))
+            for _ in range(100):
+                if a.requests:
+                    break
+                await asyncio.sleep(0.02)
+            assert a.requests and not request.done()
+            loop = asyncio.get_running_loop()
+            a.health_status = 503
+            down_at = loop.time()
+            r = await asyncio.wait_for(request, 5)
+            moved_after = loop.time() - down_at
+            retries = await counter(c, "continuum_ingress_retries_total")
+    assert r.status_code == 200 and r.headers["x-continuum-backend"] == "b"
+    assert moved_after < 2.0  # two failed checks 100 ms apart, not the 600 s request timeout
+    assert retries['{reason="backend_down"}'] == 1
+    assert len(b.requests) == 1

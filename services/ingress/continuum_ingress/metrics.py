@@ -27,7 +27,17 @@ from continuum_ingress.sketch import HyperLogLog
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ENDPOINTS = (*(a.value for a in Api), "models", "admin")
 REJECT_REASONS = ("invalid_json", "invalid_request", "too_large", "unknown_model", "no_backend")
-BACKEND_OUTCOMES = ("success", "client_error", "server_error", "connect_error", "timeout", "stream_error", "cancelled")
+BACKEND_OUTCOMES = (
+    "success",
+    "client_error",
+    "server_error",
+    "connect_error",
+    "timeout",
+    "stream_error",
+    "backend_down",
+    "cancelled",
+)
+RETRY_REASONS = ("connect_error", "server_error", "first_byte_timeout", "backend_down", "stream_error")
 
 
 class PoolCollector(Collector):
@@ -151,7 +161,7 @@ class IngressMetrics:
             "continuum_backend_requests", "Upstream attempts by backend and outcome", ["backend", "outcome"], registry=r
         )
         retries = Counter("continuum_ingress_retries", "Attempts retried on another backend", ["reason"], registry=r)
-        self._retries = {x: retries.labels(x) for x in ("connect_error", "server_error")}
+        self._retries = {x: retries.labels(x) for x in RETRY_REASONS}
         self.client_disconnects = Counter(
             "continuum_ingress_client_disconnects", "Requests whose client went away (upstream cancelled)", registry=r
         )

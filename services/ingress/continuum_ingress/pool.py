@@ -8,6 +8,7 @@ the adapters report outcomes, the pipeline reads it; every mutation happens on t
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Iterable
 
@@ -24,6 +25,7 @@ class BackendState:
         "_window",
         "_window_ok",
         "breaker",
+        "first_byte_waits",
         "health_failures",
         "healthy",
         "latency",
@@ -54,6 +56,10 @@ class BackendState:
         self.breaker = CircuitBreaker()
         self.healthy = True
         self.health_failures = 0
+        # The deadlines of requests waiting for this backend's first byte: when the health
+        # checker takes the backend out, they expire at once (retried elsewhere or 503) instead
+        # of holding their clients until a timeout (adapters/forward.py).
+        self.first_byte_waits: set[asyncio.Timeout] = set()
 
     def reset_history(self) -> None:
         self.latency = None
@@ -116,6 +122,16 @@ class BackendState:
 
     def record_abandon(self, now: float) -> None:
         self.breaker.on_abandon(now)
+
+    def cut_first_byte_waits(self) -> int:
+        """Expire every request's wait for this backend's first byte now; returns how many."""
+        waits = list(self.first_byte_waits)
+        if waits:
+            now = asyncio.get_running_loop().time()
+            for deadline in waits:
+                if not deadline.expired():
+                    deadline.reschedule(now)
+        return len(waits)
 
     def record_health(self, ok: bool) -> bool:
         """Apply one active health-check result; True when the verdict changed."""

@@ -379,6 +379,10 @@ class Backend(Section):
     api_key_file: str | None = None
     connect_timeout_ms: int = Field(2000, ge=1, le=600_000)
     request_timeout_ms: int = Field(600_000, ge=1, le=3_600_000)
+    # Streams: the first body byte (the first token) must come within first_byte_timeout_ms of
+    # sending, later bytes within stream_idle_timeout_ms of each other (docs/ingress.md).
+    first_byte_timeout_ms: int = Field(60_000, ge=1, le=3_600_000)
+    stream_idle_timeout_ms: int = Field(60_000, ge=1, le=3_600_000)
     max_connections: int = Field(256, ge=1, le=100_000)
     health_check_path: str | None = None
     health_check_interval_ms: int = Field(5000, ge=100, le=600_000)

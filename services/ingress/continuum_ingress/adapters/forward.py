@@ -1,9 +1,15 @@
 """Forwarding one client request to a backend.
 
-* One attempt per selection; on a connect failure (or a network error before any response
-  byte) or a 5xx answer, ONE retry on the next candidate (the failed backend excluded). A read
-  timeout is not retried (the generation may simply be slow; repeating it doubles the load)
-  and nothing is retried once the upstream answered with a status below 500.
+* One attempt per selection; ONE retry on the next candidate (the failed backend excluded)
+  when nothing of the answer reached the client yet: a connect failure or a network error
+  before any response byte, a 5xx answer, a stream whose first token did not come within the
+  backend's `first_byte_timeout_ms` (or broke off before it), or a backend the health checker
+  took out of rotation while the request waited for its first byte. A non-streamed read
+  timeout is not retried (the generation may simply be slow; repeating it doubles the load),
+  and nothing is retried once the upstream answered with a status below 500 and the client
+  had a byte.
+* A stream's head is sent to the client together with its first chunk; after that, a pause
+  longer than `stream_idle_timeout_ms` ends the stream like any upstream failure.
 * Non-streamed answers are read whole and sent with a Content-Length. Streams are passed
   through chunk by chunk as they come off the socket (de-chunked by the parser, re-chunked by
   uvicorn; nothing decoded or re-encoded, no added buffer); an upstream failure mid-stream ends
@@ -18,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from continuum_common.config import Backend
@@ -149,7 +155,9 @@ class Forwarder:
         backend.begin(start)
         backend.queue_prefill(state.prefill_tokens)  # released at the first byte (_stream) or the end
         try:
-            response = await self._send(client, target, headers, content, backend)
+            response, first = await self._first_byte(
+                state, spec, backend, client=client, target=target, headers=headers, content=content
+            )
             try:
                 preread: bytes | None = None
                 if self.rejection_handlers and 400 <= response.status < 500:
@@ -161,11 +169,13 @@ class Forwarder:
                 backend.record_success(self.clock() - start)
                 translator = dialect.translator(state.api, state.stream)
                 recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status == "miss" else None
-                if state.stream and response.status < 300:
+                if first is not None:
+                    response.read_timeout = min(response.read_timeout, spec.stream_idle_timeout_ms / 1000)
                     await self._stream(
                         state,
                         backend=backend,
                         response=response,
+                        first=first,
                         channel=channel,
                         translator=translator,
                         recorder=recorder,
@@ -191,6 +201,64 @@ class Forwarder:
             backend.finish()
             backend.prefill_done(state.prefill_tokens)
             state.prefill_tokens = 0
+
+    async def _first_byte(
+        self,
+        state: RequestState,
+        spec: Backend,
+        backend: BackendState,
+        *,
+        client: UpstreamClient,
+        target: str,
+        headers: list[tuple[str, str]],
+        content: bytes,
+    ) -> tuple[Response, _FirstChunk | None]:
+        """Send the attempt and wait for its first byte: the response head, and for a successful
+        stream its first body chunk (engines send a stream's head at once and its first token
+        after the prefill). Nothing has reached the client yet, so a stream whose first chunk
+        does not come within `first_byte_timeout_ms`, and any request still waiting when the
+        health checker takes the backend out, is retried on another backend."""
+        limit = spec.first_byte_timeout_ms / 1000 if state.stream else None
+        try:
+            async with asyncio.timeout(limit) as deadline:
+                backend.first_byte_waits.add(deadline)
+                try:
+                    response = await self._send(client, target, headers, content, backend)
+                    if not state.stream or response.status >= 300:
+                        return response, None
+                    try:
+                        return response, await _FirstChunk.read(response)
+                    except BaseException:
+                        await response.aclose()
+                        raise
+                finally:
+                    backend.first_byte_waits.discard(deadline)
+        except TimeoutError:
+            if not backend.healthy:
+                self.metrics.backend(backend.name, "backend_down")
+                error = RequestError(
+                    503,
+                    f"Backend '{backend.name}' was taken out of rotation while the request waited for it.",
+                    kind="unavailable",
+                    code="backend_down",
+                )
+                raise _Retryable(error, "backend_down") from None
+            backend.record_failure(self.clock())
+            self.metrics.backend(backend.name, "timeout")
+            error = RequestError(
+                504,
+                f"Backend '{backend.name}' sent no first token within {spec.first_byte_timeout_ms / 1000:g}s.",
+                kind="timeout",
+                code="first_byte_timeout",
+            )
+            raise _Retryable(error, "first_byte_timeout") from None
+        except UpstreamError as exc:  # the stream broke before its first chunk: nothing sent yet
+            backend.record_failure(self.clock())
+            self.metrics.backend(backend.name, "stream_error")
+            error = RequestError(
+                502, f"Backend '{backend.name}' broke off its answer ({exc}).", kind="bad_gateway", code="backend_error"
+            )
+            raise _Retryable(error, "stream_error") from None
 
     def _prepare(
         self, state: RequestState, spec: Backend, client: UpstreamClient
@@ -327,6 +395,7 @@ class Forwarder:
         *,
         backend: BackendState,
         response: Response,
+        first: _FirstChunk,
         channel: Channel,
         translator: ResponseTranslator | None,
         recorder: ResponseRecorder | None,
@@ -334,11 +403,11 @@ class Forwarder:
         headers = response_headers(response.headers, state, backend.name)
         headers.append((b"x-accel-buffering", b"no"))
         await channel.start(response.status, headers)
+        if state.prefill_tokens:
+            backend.prefill_done(state.prefill_tokens)
+            state.prefill_tokens = 0
         try:
-            async for raw in response.stream():
-                if state.prefill_tokens:
-                    backend.prefill_done(state.prefill_tokens)
-                    state.prefill_tokens = 0
+            async for raw in first.chunks():
                 chunk = raw if translator is None else translator.chunk(raw)
                 if not chunk:
                     continue
@@ -349,11 +418,16 @@ class Forwarder:
                 await channel.body(tail, more=True)
         except UpstreamError as exc:
             backend.record_failure(self.clock())
-            self.metrics.backend(backend.name, "stream_error")
+            idle = isinstance(exc, ReadTimeout)
+            self.metrics.backend(backend.name, "timeout" if idle else "stream_error")
             log.warning("backend %s broke off a stream: %s (request %s)", backend.name, exc, state.request_id)
             if recorder is not None:
                 recorder.abort()
-            message = f"Backend '{backend.name}' broke off the stream ({type(exc).__name__})."
+            message = (
+                f"Backend '{backend.name}' sent nothing for {response.read_timeout:g}s mid-stream."
+                if idle
+                else f"Backend '{backend.name}' broke off the stream ({type(exc).__name__})."
+            )
             await channel.body(stream_error_event(state.api.error_style, message), more=True)
             await channel.body(b"")
             return
@@ -365,6 +439,32 @@ class Forwarder:
         self.metrics.backend(backend.name, "success")
         if recorder is not None:
             await recorder.commit(response.status, _text_headers(response.headers))
+
+
+class _FirstChunk:
+    """A stream's first body chunk, read before the client's response starts, and the rest."""
+
+    __slots__ = ("_first", "_rest")
+
+    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes]) -> None:
+        self._first = first
+        self._rest = rest
+
+    @classmethod
+    async def read(cls, response: Response) -> _FirstChunk:
+        rest = response.stream()
+        try:
+            first: bytes | None = await anext(rest)
+        except StopAsyncIteration:
+            first = None  # a stream with an empty body
+        return cls(first, rest)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self._first is None:
+            return
+        yield self._first
+        async for chunk in self._rest:
+            yield chunk
 
 
 def _text_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:

@@ -196,19 +196,20 @@ class _Connection(asyncio.Protocol):
 class Response:
     """One upstream response. Iterate `stream()` or call `read()`, then always `aclose()`."""
 
-    __slots__ = ("_conn", "_done", "_pool", "_timeout", "headers", "status")
+    __slots__ = ("_conn", "_done", "_pool", "headers", "read_timeout", "status")
 
     def __init__(self, pool: H1Pool, conn: _Connection, timeout: float) -> None:
         self._pool = pool
         self._conn = conn
-        self._timeout = timeout
+        # Seconds each wait for bytes may take; may be changed while streaming (the forwarder
+        # lowers it to the stream-idle timeout once the first chunk arrived).
+        self.read_timeout = timeout
         self._done = False
         self.status = conn.status
         self.headers = conn.headers
 
     async def stream(self) -> AsyncIterator[bytes]:
         conn = self._conn
-        timeout = self._timeout
         while True:
             if conn.buffered or conn._chunks:
                 yield conn.take()
@@ -218,7 +219,7 @@ class Response:
                 return
             if conn.error is not None:
                 raise conn.error
-            await conn.wait(timeout)
+            await conn.wait(self.read_timeout)
 
     async def read(self) -> bytes:
         parts = [chunk async for chunk in self.stream()]

@@ -3,7 +3,9 @@
 Self-hosted engines (vllm, sglang, trtllm) are checked on `/health` unless the config names
 another path; hosted APIs (openai, anthropic, gemini) only when `health_check_path` is set, so
 the router does not spend a paid provider's quota on probes. Two failures in a row take a
-backend out of rotation; one success brings it back. Passive detection (the circuit breaker)
+backend out of rotation (the second check comes at most 1 s after the first failure); taking a
+backend out releases the requests still waiting for its first byte (they are retried elsewhere).
+One success brings it back. Passive detection (the circuit breaker)
 works for every backend regardless.
 """
 
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 
 SELF_HOSTED = frozenset({"vllm", "sglang", "trtllm"})
 CHECK_TIMEOUT_S = 2.0
+RECHECK_AFTER_FAILURE_S = 1.0
 
 
 def health_path(spec: Backend) -> str | None:
@@ -83,8 +86,17 @@ class HealthChecker:
             ok = 200 <= response.status < 300
         except (UpstreamError, TimeoutError):
             ok = False
+        if not ok and state.healthy:
+            # One failure: check again soon, so a hung backend is taken out within seconds,
+            # not two full intervals.
+            self._next_due[spec.name] = min(self._next_due.get(spec.name, 0.0), self.clock() + RECHECK_AFTER_FAILURE_S)
         if state.record_health(ok):
             if ok:
                 log.info("backend %s is healthy again", spec.name)
             else:
-                log.warning("backend %s failed its health checks; taken out of rotation", spec.name)
+                cut = state.cut_first_byte_waits()
+                log.warning(
+                    "backend %s failed its health checks; taken out of rotation (%d request(s) waiting for it moved)",
+                    spec.name,
+                    cut,
+                )

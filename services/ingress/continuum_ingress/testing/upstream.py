@@ -46,6 +46,8 @@ class StubUpstream:
     hold: asyncio.Event | None = None  # answer only once this is set
     chunk_delay: float = 0.0
     break_stream_after: int | None = None
+    stall_after: int | None = None  # pause `stall_s` seconds after sending this many stream events
+    stall_s: float = 0.0
     health_status: int = 200
     cancelled: int = 0  # requests whose client disconnected before the answer was finished
     active: int = 0
@@ -263,6 +265,9 @@ class StubUpstream:
             if self.break_stream_after is not None and i >= self.break_stream_after:
                 raise StreamBreak(self.name)
             if self.chunk_delay and await _client_left(receive, self.chunk_delay):
+                self.cancelled += 1
+                return
+            if i == self.stall_after and await _client_left(receive, self.stall_s):
                 self.cancelled += 1
                 return
             await send({"type": "http.response.body", "body": event, "more_body": True})
