@@ -124,6 +124,35 @@ def test_other_apis_reject_with_param(api: Api, body: dict[str, object], param: 
     assert _bad(api, body).param == param
 
 
+@pytest.mark.parametrize(
+    ("api", "body", "param"),
+    [
+        (Api.CHAT, {**CHAT, "n": 1000}, "n"),
+        (Api.CHAT, {**CHAT, "max_tokens": 1 << 40}, "max_tokens"),
+        (Api.CHAT, {**CHAT, "max_completion_tokens": (1 << 24) + 1}, "max_completion_tokens"),
+        (Api.CHAT, {**CHAT, "top_logprobs": 21}, "top_logprobs"),
+        (Api.COMPLETIONS, {"model": "m", "prompt": [1, -1, 3]}, "prompt[1]"),
+        (Api.COMPLETIONS, {"model": "m", "prompt": [[1, 2], [3, 1 << 31]]}, "prompt[1][1]"),
+        (Api.COMPLETIONS, {"model": "m", "prompt": "x", "best_of": 129}, "best_of"),
+        (Api.EMBEDDINGS, {"model": "m", "input": [-5]}, "input[0]"),
+        (Api.RESPONSES, {"model": "m", "input": "x", "max_output_tokens": 1 << 25}, "max_output_tokens"),
+        (
+            Api.MESSAGES,
+            {"model": "c", "max_tokens": 1 << 25, "messages": [{"role": "user", "content": "x"}]},
+            "max_tokens",
+        ),
+    ],
+)
+def test_sanity_bounds(api: Api, body: dict[str, object], param: str) -> None:
+    error = _bad(api, body)
+    assert (error.param, error.code, error.status) == (param, "invalid_value", 400)
+
+
+def test_values_at_the_sanity_bounds_pass() -> None:
+    parse_request(Api.CHAT, orjson.dumps({**CHAT, "n": 128, "max_tokens": 1 << 24, "top_logprobs": 20}))
+    parse_request(Api.COMPLETIONS, orjson.dumps({"model": "m", "prompt": [0, (1 << 31) - 1]}))
+
+
 def test_unknown_fields_pass_through() -> None:
     parsed = parse_request(Api.CHAT, orjson.dumps({**CHAT, "top_k": 5, "guided_json": {"x": 1}}))
     assert parsed.body["guided_json"] == {"x": 1}

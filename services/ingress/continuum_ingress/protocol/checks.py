@@ -120,15 +120,28 @@ def opt_number(
     return float(value)
 
 
-def opt_int(body: Mapping[str, Any], key: str, *, low: int | None = None) -> int | None:
+# Sanity bounds: far above what any model accepts, low enough that no absurd value (n=1000,
+# max_tokens=10**30, a negative token id) reaches a backend (docs/ingress.md).
+MAX_CHOICES = 128  # OpenAI's own limit on `n`
+MAX_TOKENS = 1 << 24  # max_tokens and friends: 16,777,216
+MAX_TOKEN_ID = (1 << 31) - 1  # every vocabulary fits in a signed 32-bit id
+MAX_TOP_LOGPROBS = 20
+
+
+def opt_int(body: Mapping[str, Any], key: str, *, low: int | None = None, high: int | None = None) -> int | None:
     value = body.get(key)
     if value is None:
         return None
     if not is_int(value):
         raise wrong_type(key, "an integer", value)
-    if low is not None and value < low:
-        raise out_of_range(key, value, f"must be >= {low}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        rule = f"must be >= {low}" if high is None else f"must be between {low} and {high}"
+        raise out_of_range(key, value, rule)
     return int(value)
+
+
+def _token_id(value: object) -> bool:
+    return is_int(value) and 0 <= value <= MAX_TOKEN_ID  # type: ignore[operator]
 
 
 def opt_str_or_str_array(body: Mapping[str, Any], key: str) -> None:
@@ -171,9 +184,14 @@ def token_or_text_input(value: object, param: str) -> None:
         for i, item in enumerate(value):
             if not is_int(item):
                 raise wrong_type(f"{param}[{i}]", "an integer token id", item)
+            if not _token_id(item):
+                raise out_of_range(f"{param}[{i}]", item, f"is not a token id (0 to {MAX_TOKEN_ID})")
     elif isinstance(first, list):
         for i, item in enumerate(value):
             if not isinstance(item, list) or not item or not all(is_int(t) for t in item):
                 raise wrong_type(f"{param}[{i}]", "a non-empty array of integer token ids", item)
+            bad = next((j for j, t in enumerate(item) if not _token_id(t)), None)
+            if bad is not None:
+                raise out_of_range(f"{param}[{i}][{bad}]", item[bad], f"is not a token id (0 to {MAX_TOKEN_ID})")
     else:
         raise wrong_type(f"{param}[0]", "a string, an integer or an array of integers", first)

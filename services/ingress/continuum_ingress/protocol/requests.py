@@ -17,6 +17,9 @@ import orjson
 from continuum_ingress.errors import InvalidRequest
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.checks import (
+    MAX_CHOICES,
+    MAX_TOKENS,
+    MAX_TOP_LOGPROBS,
     array_of_objects,
     missing,
     opt_array,
@@ -65,7 +68,7 @@ def _common_sampling(body: dict[str, Any]) -> None:
     opt_number(body, "top_p", low=0.0, high=1.0)
     opt_number(body, "presence_penalty", low=-2.0, high=2.0)
     opt_number(body, "frequency_penalty", low=-2.0, high=2.0)
-    opt_int(body, "n", low=1)
+    opt_int(body, "n", low=1, high=MAX_CHOICES)
     opt_int(body, "seed")
     opt_str_or_str_array(body, "stop")
     opt_object(body, "stream_options")
@@ -110,10 +113,10 @@ def validate_chat(body: dict[str, Any]) -> ParsedRequest:
     _chat_messages(body)
     stream = opt_bool(body, "stream")
     _common_sampling(body)
-    opt_int(body, "max_tokens", low=1)
-    opt_int(body, "max_completion_tokens", low=1)
+    opt_int(body, "max_tokens", low=1, high=MAX_TOKENS)
+    opt_int(body, "max_completion_tokens", low=1, high=MAX_TOKENS)
     opt_bool(body, "logprobs")
-    opt_int(body, "top_logprobs", low=0)
+    opt_int(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
     tools = opt_array(body, "tools")
     if tools:
         array_of_objects(tools, "tools")
@@ -131,9 +134,9 @@ def validate_completions(body: dict[str, Any]) -> ParsedRequest:
     token_or_text_input(prompt, "prompt")
     stream = opt_bool(body, "stream")
     _common_sampling(body)
-    opt_int(body, "max_tokens", low=0)
+    opt_int(body, "max_tokens", low=0, high=MAX_TOKENS)
     opt_bool(body, "echo")
-    opt_int(body, "best_of", low=1)
+    opt_int(body, "best_of", low=1, high=MAX_CHOICES)
     opt_int(body, "logprobs", low=0)
     opt_str(body, "suffix")
     user = opt_str(body, "user")
@@ -169,7 +172,7 @@ def validate_responses(body: dict[str, Any]) -> ParsedRequest:
     stream = opt_bool(body, "stream")
     opt_number(body, "temperature", low=0.0, high=2.0)
     opt_number(body, "top_p", low=0.0, high=1.0)
-    opt_int(body, "max_output_tokens", low=1)
+    opt_int(body, "max_output_tokens", low=1, high=MAX_TOKENS)
     tools = opt_array(body, "tools")
     if tools:
         array_of_objects(tools, "tools")
@@ -230,7 +233,7 @@ def validate_messages(body: dict[str, Any]) -> ParsedRequest:
     model = require_model(body)
     if body.get("max_tokens") is None:
         raise missing("max_tokens")
-    opt_int(body, "max_tokens", low=1)
+    opt_int(body, "max_tokens", low=1, high=MAX_TOKENS)
     _anthropic_messages(body)
     _anthropic_system(body)
     stream = opt_bool(body, "stream")
