@@ -9,6 +9,7 @@ import asyncio
 import random
 import signal
 from pathlib import Path
+from typing import Any
 
 import nats
 import redis.asyncio as aioredis
@@ -20,6 +21,8 @@ from continuum_common.kvindex.adapters.redis_blocks import RedisBlockIndex
 from continuum_common.kvindex.block_pack import MAX_SEQ
 from continuum_common.procs import NatsServer, RedisClusterServer, RedisServer, free_port
 from continuum_common.wire.kv import MAX_EVENTS_PER_BATCH, AllCleared, BlocksStored, KvBatch, encode_batch
+from continuum_common.wire.resync import SUBJECT_WILDCARD as RESYNC_WILDCARD
+from continuum_common.wire.resync import ResyncRequest, decode_resync_request
 from continuum_indexer.app import IndexerApp
 from continuum_indexer.embedded import EmbeddedKvIndex
 from tests.indexer_harness import (
@@ -275,3 +278,45 @@ async def test_an_enormous_valid_batch_is_applied_in_parts(nats_server: NatsServ
         (got,) = await app.blocks.match_many([MatchQuery(chain, ["a"])])
         assert got["a"].gpu_blocks == 100_000
         assert (await app.blocks.block_stats()).backends["a"].batches == 1
+
+
+async def test_a_lost_store_asks_each_backends_listener_to_restate_it(
+    nats_server: NatsServer, fresh_redis_server: RedisServer
+) -> None:
+    requests: list[tuple[str, ResyncRequest]] = []
+    nc = await nats.connect(nats_server.url)
+    try:
+
+        async def on_request(msg: Any) -> None:
+            requests.append((msg.subject, decode_resync_request(msg.data)))
+
+        await nc.subscribe(RESYNC_WILDCARD, cb=on_request)
+        app = IndexerApp(settings(router_config(nats_server.url, fresh_redis_server.url), batch=100))
+        async with running(app):
+            # Epochs that start with AllCleared: nothing to ask.
+            await publish_batches(
+                nats_server.url, [batch("a", 1, AllCleared(), epoch=5), batch("b", 1, AllCleared(), epoch=5)]
+            )
+            await wait_drained(nats_server.url)
+            await asyncio.sleep(0.2)
+            assert requests == []
+            await fresh_redis_server.kill()
+            await fresh_redis_server.start()  # empty: the index lost both backends' history
+            later = [batch(b, seq, BlocksStored([HASHES[seq]]), epoch=5) for seq in range(2, 12) for b in ("a", "b")]
+            await publish_batches(nats_server.url, later)
+            await wait_drained(nats_server.url, timeout=60)
+            for _ in range(50):
+                if len(requests) >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
+            m = app.metrics.block_resyncs
+            sent = {b: m.labels(b, "sent")._value.get() for b in ("a", "b")}
+    finally:
+        await nc.close()
+    # One request per backend: once the state exists again, later batches are no gap.
+    assert sorted((s, r.backend, r.reason) for s, r in requests) == [
+        ("continuum.kv.resync.a", "a", "index_gap"),
+        ("continuum.kv.resync.b", "b", "index_gap"),
+    ]
+    assert sent == {"a": 1, "b": 1}

@@ -294,3 +294,21 @@ async def test_any_interleaving_with_duplicates_equals_in_order_delivery(make_in
     for chain, got in zip(chains, results, strict=True):
         assert without_generation(got) == {b: expected.match(chain, b) for b in ("a", "b", "c")}
     assert sum(m.any_blocks for r in results for m in r.values()) > 0  # something is left to compare
+
+
+async def test_a_state_started_without_its_epoch_start_reports_a_gap(make_index: Factory) -> None:
+    index = make_index(ttl=1.0)
+    # Starts with its epoch's AllCleared: the whole history is there.
+    report = await index.apply_batches([batch("a", 1, X()), batch("a", 2, S([H[0]]))])
+    assert report.gaps == set()
+    # Joined mid-epoch (a store that lost its data, a late consumer): history missing, the state
+    # is still built from what comes.
+    report = await index.apply_batches([batch("b", 7, S([H[1]]))])
+    assert report.gaps == {"b"}
+    assert (await index.apply_batches([batch("b", 8, S([H[2]]))])).gaps == set()  # known from now on
+    # An empty batch (a keepalive) to a backend the index forgot: a gap too.
+    await asyncio.sleep(1.3)  # both expire
+    report = await index.apply_batches([batch("a", 3), batch("b", 9, R([H[2]]))])
+    assert report.gaps == {"a", "b"}
+    stats = await index.block_stats()
+    assert set(stats.backends) == {"a", "b"}  # listed again at once

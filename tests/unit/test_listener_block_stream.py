@@ -19,6 +19,7 @@ from continuum_listener.config import problems
 from continuum_listener.metrics import ListenerMetrics
 from continuum_listener.pipeline import PipelineSettings, SourcePipeline
 from continuum_listener.policy.chains import Limits
+from continuum_listener.policy.resident import ResidentBlocks
 from continuum_listener.protocol.trtllm import decode_body
 from continuum_listener.testing import batch, removed, stored
 
@@ -152,6 +153,36 @@ def test_a_zmq_resync_asks_for_a_replay() -> None:
     pipe.want_resync()
     assert pipe.resync(room=10) and pipe.replay_wanted
     assert sink.batches[-1].events == [AllCleared()] and sink.batches[-1].seq == 1
+
+
+def test_a_zmq_resync_restates_what_the_engine_still_holds() -> None:
+    pipe, sink, _ = pipeline()
+    pipe.apply_payload(batch([stored([1, 2, 3], None, [1] * 48, 16)]))
+    pipe.apply_payload(batch([stored([4], 2, [1] * 16, 16), removed([3])]))
+    pipe.apply_payload(batch([stored([9], None, [1] * 16, 16, medium="CPU")]))
+    pipe.want_resync()
+    assert pipe.resync(room=10) and pipe.replay_wanted
+    epoch = pipe.sequencer.epoch
+    assert [(b.source_epoch, b.seq, b.events) for b in sink.batches[-2:]] == [
+        (epoch, 1, [AllCleared()]),
+        # 3 was removed: 1-2 and 4 (stored under 2) are one chain again; the CPU-tier block apart
+        (epoch, 2, [BlocksStored([1, 2, 4], None, 16, 0), BlocksStored([9], None, 16, 1)]),
+    ]
+    pipe.start_epoch("publisher_restart")  # the engine restarted: it holds nothing any more
+    pipe.want_resync()
+    assert pipe.resync(room=10)
+    assert sink.batches[-1].events == [AllCleared()]
+
+
+def test_resident_blocks_keep_their_order_and_bound() -> None:
+    resident = ResidentBlocks(capacity=3)
+    resident.apply([BlocksStored([1, 2], None, 16, 0), BlocksStored([3, 4], 2, 16, 0)])
+    assert len(resident) == 3 and resident.forgotten == 1  # the oldest (1) went
+    assert resident.restate() == [BlocksStored([2, 3, 4], 1, 16, 0)]  # one chain again
+    resident.apply([BlocksStored([2], 1, 16, 0)])  # stored again: now the newest
+    assert resident.restate() == [BlocksStored([3, 4], 2, 16, 0), BlocksStored([2], 1, 16, 0)]
+    resident.apply([BlocksRemoved([3], 0), AllCleared(), BlocksStored([7], None, 32, 0)])
+    assert resident.restate() == [BlocksStored([7], None, 32, 0)]
 
 
 def test_configuration_rules() -> None:

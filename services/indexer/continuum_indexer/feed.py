@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from continuum_common.events import KvEvent
 from continuum_common.kvindex import ApplyReport, BlockApplyReport, BlockIndexWriter, KvIndexError, KvIndexWriter
@@ -22,9 +22,12 @@ class EventSink:
         clock: Callable[[], float] = time.time,
         *,
         blocks: BlockIndexWriter | None = None,
+        on_gaps: Callable[[set[str]], Awaitable[None]] | None = None,
     ) -> None:
         self.index = index
         self.blocks = blocks  # None: a sink that only takes version-1 events (an SSE source's)
+        # Called with the backends whose history the block index lacks (a resync request).
+        self.on_gaps = on_gaps
         self.metrics = metrics
         self._clock = clock
         self.last_apply_at: float | None = None
@@ -104,4 +107,6 @@ class EventSink:
         m.block_batches_stale.inc(report.stale_batches)
         m.block_clears.inc(report.clears)
         m.block_evictions.inc(report.evicted)
+        if report.gaps and self.on_gaps is not None:
+            await self.on_gaps(report.gaps)
         return report

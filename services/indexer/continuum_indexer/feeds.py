@@ -16,6 +16,7 @@ from nats.aio.client import Client as NatsClient
 from continuum_common.bus import ensure_kv_stream
 from continuum_common.kvindex import BlockIndexStats, BlockIndexWriter, KvIndexError, KvIndexWriter
 from continuum_indexer.adapters.jetstream import JetStreamConsumer
+from continuum_indexer.adapters.resync import ResyncRequester
 from continuum_indexer.adapters.sse_source import SseSource
 from continuum_indexer.config import IndexerSettings
 from continuum_indexer.feed import EventSink
@@ -38,7 +39,9 @@ class IndexFeeds:
         self.index = index
         self.blocks = blocks
         self.metrics = metrics
-        self.sink = EventSink(index, metrics, blocks=blocks)
+        # A backend whose history the block index lacks is restated by its listener on request.
+        requester = ResyncRequester(nc, metrics, requester=settings.consumer.durable or "embedded")
+        self.sink = EventSink(index, metrics, blocks=blocks, on_gaps=requester.request)
         self.consumer = JetStreamConsumer(
             nc,
             self.sink,

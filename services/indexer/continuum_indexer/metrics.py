@@ -107,6 +107,12 @@ class IndexerMetrics:
             "continuum_kv_block_batches_stale", "Batches of an older epoch than the backend's newest", registry=r
         )
         self.block_clears = Counter("continuum_kv_block_clears", "AllCleared applied (watermark raised)", registry=r)
+        self.block_resyncs = Counter(
+            "continuum_kv_block_resync_requests",
+            "Backends whose history the block index lacked: resync requests to their listener by outcome",
+            ["backend", "outcome"],
+            registry=r,
+        )
         self.block_evictions = Counter(
             "continuum_kv_block_evictions", "Present blocks dropped by the max_entries bound", registry=r
         )

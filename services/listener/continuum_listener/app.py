@@ -32,6 +32,7 @@ from continuum_listener.adapters.detokenize import DetokenizeClient
 from continuum_listener.adapters.heartbeat import Heartbeat
 from continuum_listener.adapters.http_server import build_app
 from continuum_listener.adapters.publisher import JetStreamPublisher
+from continuum_listener.adapters.resync import ResyncResponder
 from continuum_listener.adapters.trtllm_source import TrtllmSource
 from continuum_listener.adapters.zap import ZapHandler
 from continuum_listener.adapters.zmq_source import ZAP_DOMAIN_PREFIX, ZmqSource
@@ -217,6 +218,8 @@ class ListenerApp:
                 if self.publisher is not None:
                     spawn(background, self.publisher.run(), "publisher")
                     spawn(background, self._supervise(), "supervisor")
+                    responder = ResyncResponder(self.publisher, self.pipelines, self.metrics)
+                    spawn(background, responder.run(), "resync-requests")
                 if self.heartbeat is not None:
                     spawn(background, self.heartbeat.run(), "heartbeat")
                 http = tg.create_task(self.http.serve(), name="http")

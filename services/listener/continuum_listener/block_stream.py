@@ -8,6 +8,8 @@
   connected gets an empty batch — the block index takes batches as the backend's liveness, and
   an engine that stops talking is left to expire there.
 * `ts` is the listener's clock at publication.
+* With a `resident` set (policy/resident.py), what the published events leave resident is kept,
+  so a resync can restate it in a new epoch (`start_epoch(restate=True)`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Protocol
 
 from continuum_common.wire.kv import AllCleared, BlockEvent, BlocksRemoved, BlocksStored, KvBatch
 from continuum_listener.metrics import ListenerMetrics
+from continuum_listener.policy.resident import ResidentBlocks
 from continuum_listener.protocol.blocks import EventBuilder, max_hashes_for, split
 
 
@@ -30,10 +33,20 @@ class BatchSink(Protocol):
 
 
 class BlockStream:
-    def __init__(self, backend: str, sink: BatchSink, metrics: ListenerMetrics, *, keepalive: float) -> None:
+    def __init__(
+        self,
+        backend: str,
+        sink: BatchSink,
+        metrics: ListenerMetrics,
+        *,
+        keepalive: float,
+        resident: ResidentBlocks | None = None,
+    ) -> None:
         self.backend = backend
         self.sink = sink
         self.keepalive = keepalive
+        # What the engine holds per the events published so far (restated by a resync).
+        self.resident = resident
         self.epoch = 0
         self.seq = 0
         self.last_published = time.monotonic()
@@ -43,16 +56,23 @@ class BlockStream:
         self._m_removed = metrics.blocks.labels(backend, "removed")
         self._m_cleared = metrics.blocks.labels(backend, "cleared")
 
-    def start_epoch(self, epoch: int) -> None:
+    def start_epoch(self, epoch: int, *, restate: bool = False) -> None:
+        """A new epoch begins with AllCleared. With `restate`, the blocks the engine still holds
+        follow at once (a resync: the engine lost nothing, a consumer did)."""
+        held = self.resident.restate() if restate and self.resident is not None else []
         self.epoch = epoch
         self.seq = 0
         self.publish([AllCleared()])
+        if held:
+            self.publish(held)
 
     def emit(self, builder: EventBuilder) -> None:
         if len(builder):
             self.publish(builder.build())
 
     def publish(self, events: list[BlockEvent]) -> None:
+        if self.resident is not None and events:
+            self.resident.apply(events)
         chunks = split(events, max_hashes_for(self.sink.max_payload)) if events else [[]]
         now = time.time()
         for chunk in chunks:

@@ -111,6 +111,12 @@ class ListenerMetrics:
         self.reconnects = Counter(
             "continuum_kv_listener_reconnects_total", "Engine source (re)connections.", ["backend"], registry=r
         )
+        self.resync_requests = Counter(
+            "continuum_kv_listener_resync_requests_total",
+            "Resync requests from KV index consumers that lost a backend's history, by outcome.",
+            ["backend", "outcome"],
+            registry=r,
+        )
         self.denied = Counter(
             "continuum_kv_listener_publishers_denied_total",
             "ZMQ publishers refused by the allowed_publishers check.",

@@ -33,6 +33,7 @@ from continuum_listener.metrics import ListenerMetrics
 from continuum_listener.policy.chains import ChainTracker, Job, Limits, Mode, Outcome, Resolution
 from continuum_listener.policy.depths import DepthBook
 from continuum_listener.policy.rekey import Rekeyer
+from continuum_listener.policy.resident import ResidentBlocks
 from continuum_listener.policy.sequence import EventSequencer
 from continuum_listener.protocol.blocks import BlockMapper, EventBuilder
 from continuum_listener.protocol.engine import decode_batch
@@ -119,7 +120,11 @@ class SourcePipeline:
         # Block output (None for a prefix-only source, or when there is no bus to publish to).
         self.blocks: BlockStream | None = None
         if source.publishes_blocks and block_sink is not None:
-            self.blocks = BlockStream(self.backend, block_sink, metrics, keepalive=settings.keepalive)
+            # TensorRT-LLM blocks are restated by their re-key maps; the others need their own.
+            resident = None if source.engine == "trtllm" else ResidentBlocks(settings.limits.max_tracked_blocks)
+            self.blocks = BlockStream(
+                self.backend, block_sink, metrics, keepalive=settings.keepalive, resident=resident
+            )
         self.mapper = BlockMapper(source.block_size)
         self.rekeyers: dict[int, Rekeyer] = {}
         self._pending = EventBuilder()
@@ -421,7 +426,8 @@ class SourcePipeline:
     def resync(self, room: int) -> bool:
         """New epoch; prefix keys: `cleared`, then the announced state (when it fits in `room`
         events); blocks: AllCleared, then the re-keyed TensorRT-LLM blocks, or for a ZMQ source
-        a replay of the engine's buffer (`replay_wanted`, served by the ZMQ source)."""
+        the blocks its published events left resident and a replay of the engine's buffer
+        (`replay_wanted`, served by the ZMQ source) for whatever the listener itself missed."""
         if not self._resync_wanted:
             return False
         self._resync_wanted = False
@@ -438,7 +444,7 @@ class SourcePipeline:
                 self.book.forget_announced()
         if self.blocks is not None:
             self._pending = EventBuilder()
-            self.blocks.start_epoch(epoch)
+            self.blocks.start_epoch(epoch, restate=self.source.engine != "trtllm")
             if self.source.engine == "trtllm":
                 restated = EventBuilder()
                 for rekeyer in self.rekeyers.values():

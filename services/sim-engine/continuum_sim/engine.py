@@ -278,6 +278,7 @@ class SimEngine:
         self.metrics.running.set(len(self.scheduler.running))
         self.metrics.waiting.set(len(self.scheduler.waiting))
         self.metrics.kv_usage.set(self.pool.usage())
+        self.metrics.cached_hashes.set(self.pool.num_cached_hashes)
 
 
 def make_seed(value: object) -> int | None:

@@ -102,6 +102,11 @@ class EngineMetrics:
             "continuum_sim_requests_rejected", "Requests refused before scheduling, by reason.", ("reason",), registry=r
         )
         self.aborted = Counter("continuum_sim_requests_aborted", "Requests aborted (client went away).", registry=r)
+        self.cached_hashes = Gauge(
+            "continuum_sim_cached_block_hashes",
+            "Distinct block hashes resident in the prefix cache: what a KV index of this engine should hold.",
+            registry=r,
+        )
         self.step_lag = Gauge(
             "continuum_sim_step_lag_seconds",
             "How far the step loop runs behind its scaled schedule (real seconds).",

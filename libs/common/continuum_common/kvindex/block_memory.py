@@ -207,6 +207,8 @@ class InMemoryBlockIndex:
         if backend is None:
             backend = _Backend(self._take_bit(), batch.source_epoch, next(self._generations), now)
             self._backends[batch.backend] = backend
+            if not (batch.events and isinstance(batch.events[0], AllCleared)):
+                report.gaps.add(batch.backend)  # history missing: see BlockApplyReport.gaps
         elif batch.source_epoch > backend.epoch:
             self._wipe(backend)
             backend.epoch = batch.source_epoch

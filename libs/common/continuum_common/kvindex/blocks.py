@@ -67,6 +67,10 @@ class BlockApplyReport:
     stale_batches: int = 0  # whole batches of an older epoch
     clears: int = 0
     evicted: int = 0  # present blocks dropped by the max_blocks bound
+    # Backends whose state the index had to start from a batch that does not begin an epoch
+    # (it knew nothing of them: a store that lost its data, expired keys, a consumer that
+    # joined late): the index misses their history until their source restates it (a resync).
+    gaps: set[str] = field(default_factory=set)
 
     def merge(self, other: BlockApplyReport) -> None:
         self.batches += other.batches
@@ -75,6 +79,7 @@ class BlockApplyReport:
         self.stale_batches += other.stale_batches
         self.clears += other.clears
         self.evicted += other.evicted
+        self.gaps |= other.gaps
 
 
 @dataclass(frozen=True, slots=True)

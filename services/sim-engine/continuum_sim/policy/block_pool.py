@@ -78,6 +78,11 @@ class BlockPool:
     def num_cached_blocks(self) -> int:
         return sum(len(v) for v in self._cached.values())
 
+    @property
+    def num_cached_hashes(self) -> int:
+        """Distinct hashes in the prefix cache (a hash may sit in several blocks)."""
+        return len(self._cached)
+
     def usage(self) -> float:
         """vLLM's `kv_cache_usage_perc`: the share of blocks referenced by requests."""
         return 1.0 - self.num_free_blocks / self.capacity

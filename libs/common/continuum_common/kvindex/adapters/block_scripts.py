@@ -34,7 +34,8 @@ from __future__ import annotations
 
 # KEYS: m, g, s, go, so, t0, t1.  ARGV: ttl_ms, max_blocks, tomb_ms, then one packed part each
 # (a batch, or a part of a big one: ../block_pack.py).
-# Returns {batches, applied, stale, stale_batches, clears, evicted}.
+# Returns {batches, applied, stale, stale_batches, clears, evicted, created, gap}: `created` when
+# the backend's state was made from nothing, `gap` when moreover the batch did not start an epoch.
 APPLY = r"""
 local M, T0, T1 = KEYS[1], KEYS[6], KEYS[7]
 local HELD, ORDER, TAG = {[0] = KEYS[2], [1] = KEYS[3]}, {[0] = KEYS[4], [1] = KEYS[5]}, {[0] = 'g', [1] = 's'}
@@ -51,7 +52,7 @@ local ep, wm, gen, tmax, rot = m[1], tonumber(m[2]) or -1, tonumber(m[3]) or 0, 
 -- per tier, the newest stamp of a present block (an upper bound): an event newer than it and
 -- than `tmax` is newer than every register of the tier, so it needs no lookups at all
 local pmax = {[0] = tonumber(m[12]) or -1, [1] = tonumber(m[13]) or -1}
-local c = {batches = 0, applied = 0, stale = 0, stale_batches = 0, clears = 0, evicted = 0}
+local c = {batches = 0, applied = 0, stale = 0, stale_batches = 0, clears = 0, evicted = 0, created = 0, gap = 0}
 local pend = {}  -- tombstone field -> stamp, written to t0 at the end of each batch
 local npend = 0
 
@@ -254,6 +255,12 @@ local function apply_part(blob)  -- a batch, or a part of a big one (`more` == 1
     return false
   end
   if ep ~= bep then  -- first batch ever / after expiry, or a newer epoch: start wiped
+    if not ep then
+      -- nothing known of the backend (first batch ever, its keys expired, or Redis lost them):
+      -- unless this part starts an epoch (AllCleared first), the index misses its history
+      c.created = 1
+      if more ~= 0 or nev == 0 or struct.unpack('>B', blob, pos) ~= 3 then c.gap = 1 end
+    end
     redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[4], KEYS[5], T0, T1)
     ep, wm, tmax, rot = bep, -1, -1, now_ms
     pmax[0], pmax[1] = -1, -1
@@ -274,7 +281,7 @@ local applied_any = false  -- a part that is not stale: refresh the liveness
 for a = 4, #ARGV do
   if apply_part(ARGV[a]) then applied_any = true end
 end
-if not applied_any and c.stale == 0 then return {0, 0, 0, 0, 0, 0} end
+if not applied_any and c.stale == 0 then return {0, 0, 0, 0, 0, 0, 0, 0} end
 
 local fields = {
   'c_batches', fmt((tonumber(m[6]) or 0) + c.batches), 'c_applied', fmt((tonumber(m[7]) or 0) + c.applied),
@@ -290,7 +297,7 @@ redis.call('HSET', M, unpack(fields))
 if applied_any then
   for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, ttl_ms) end
 end
-return {c.batches, c.applied, c.stale, c.stale_batches, c.clears, c.evicted}
+return {c.batches, c.applied, c.stale, c.stale_batches, c.clears, c.evicted, c.created, c.gap}
 """
 
 # KEYS: m, g, s.  ARGV[1]: the packed chain.  Returns {gpu, any, held, gen} (zeros for a

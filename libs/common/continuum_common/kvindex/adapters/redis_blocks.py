@@ -186,6 +186,7 @@ class RedisBlockIndex:
         them is a no-op."""
         report = BlockApplyReport()
         pipelines: list[list[_Call]] = [[]]
+        owners: list[list[str]] = [[]]  # the backend of each call
         size = 0
         groups = group_by_backend(batches)
         for backend, group in groups.items():
@@ -201,21 +202,35 @@ class RedisBlockIndex:
                 blocks = sum(p.blocks for p in run)
                 if pipelines[-1] and size + blocks > self.max_blocks_per_pipeline:
                     pipelines.append([])
+                    owners.append([])
                     size = 0
                 args = (self.ttl_ms, self.max_blocks, self.tombstone_ms, *(p.packed for p in run))
                 pipelines[-1].append(("apply", keys, args))
+                owners[-1].append(backend)
                 size += blocks
         if not pipelines[0]:
             return report
         now = time.monotonic()
         fresh = [b for b in groups if now - self._registered.get(b, -_REGISTRY_REFRESH_S) >= _REGISTRY_REFRESH_S]
-        for n, calls in enumerate(pipelines):
+        created: set[str] = set()
+        for n, (calls, names) in enumerate(zip(pipelines, owners, strict=True)):
             extra = [("SADD", self.keys.registry, *fresh)] if fresh and n == 0 else []
             results = await self._eval(calls, extra)
-            for row in results[: len(calls)]:
-                report.merge(BlockApplyReport(*(int(v) for v in row)))
+            for backend, row in zip(names, results[: len(calls)], strict=True):
+                n_batches, applied, stale, stale_batches, clears, evicted, made, gap = (int(v) for v in row)
+                report.merge(BlockApplyReport(n_batches, applied, stale, stale_batches, clears, evicted))
+                if made:
+                    created.add(backend)
+                if gap:
+                    report.gaps.add(backend)
         for backend in fresh:
             self._registered[backend] = now
+        if created - set(fresh):
+            # A state made from nothing (its keys had expired or Redis lost them): list it in
+            # the registry now, not at the next refresh, so stats see it at once.
+            await self._eval([], [("SADD", self.keys.registry, *sorted(created))])
+            for backend in created:
+                self._registered[backend] = now
         return report
 
     # ---- administration --------------------------------------------------------------------

@@ -1,0 +1,41 @@
+"""Fault drills against a whole stack of real processes (bench/procstack.py). Each drill prints
+one line of what it lost to the terminal, pass or fail."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from bench.procstack import ProcessStack, StackOptions
+from tests.leak_guard import _collect_leaked_clients
+
+__all__ = ["_collect_leaked_clients"]
+
+Report = Callable[[str], None]
+
+
+@pytest.fixture
+def report(request: pytest.FixtureRequest) -> Report:
+    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def write(line: str) -> None:
+        if terminal is not None:
+            terminal.write_line(f"\n[fault drill] {line}")
+
+    return write
+
+
+@pytest.fixture
+async def make_stack(tmp_path: Path) -> AsyncIterator[Callable[..., ProcessStack]]:
+    stacks: list[ProcessStack] = []
+
+    def make(**options: object) -> ProcessStack:
+        stack = ProcessStack(tmp_path / f"stack{len(stacks)}", StackOptions(**options))  # type: ignore[arg-type]
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for stack in stacks:
+        await stack.close()
