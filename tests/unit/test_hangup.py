@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,10 +54,13 @@ def test_output_to_a_pipe_without_reader_is_lost(pipe: Pipe) -> None:
     assert watch.lost()
 
 
-def test_files_are_never_a_lost_terminal(tmp_path: Path) -> None:
-    with (tmp_path / "log").open("w") as log:
-        watch = TerminalWatch(std_fds=(log.fileno(),), output_fds=(log.fileno(),))
-        assert (watch.tty_fds, watch.stream_fds) == ([], [])
+def test_files_and_sockets_are_never_a_lost_terminal(tmp_path: Path) -> None:
+    """Output to a file, or to a socket (a service manager's journal) whose peer has gone."""
+    ours, peer = socket.socketpair()
+    with (tmp_path / "log").open("w") as log, ours, peer:
+        watch = TerminalWatch(std_fds=(log.fileno(), ours.fileno()), output_fds=(log.fileno(), ours.fileno()))
+        assert (watch.tty_fds, watch.pipe_fds) == ([], [])
+        peer.close()
         assert not watch.lost()
 
 

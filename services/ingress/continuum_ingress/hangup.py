@@ -13,8 +13,9 @@ no longer:
   the terminal from every process of its session;
 * one of stdin/stdout/stderr was a terminal and is not any more - a hung-up terminal fails
   every request on it;
-* stdout or stderr is a pipe or socket whose reader has gone (`up | tee up.log` after the
-  terminal closed and took `tee` with it).
+* stdout or stderr is a pipe whose reader has gone (`up | tee up.log` after the terminal
+  closed and took `tee` with it). Sockets are left out on purpose: under a service manager
+  stdout is often a socket to the journal, and a SIGHUP there is always a reload request.
 
 Otherwise the SIGHUP is a reload. A process started under `nohup` (SIGHUP ignored when `up`
 starts) asked to outlive its terminal: there every SIGHUP is a reload.
@@ -48,16 +49,15 @@ def _has_controlling_terminal() -> bool:
     return True
 
 
-def _is_stream(fd: int) -> bool:
+def _is_pipe(fd: int) -> bool:
     try:
-        mode = os.fstat(fd).st_mode
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
     except OSError:
         return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _reader_gone(fd: int) -> bool:
-    """A pipe whose read end is closed (or a socket whose peer hung up) polls as an error."""
+    """A pipe whose read end is closed polls as an error."""
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     try:
@@ -75,7 +75,7 @@ class TerminalWatch:
         self.hangups_ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
         self.controlling = _has_controlling_terminal()
         self.tty_fds = [fd for fd in std_fds if _isatty(fd)]
-        self.stream_fds = [fd for fd in output_fds if _is_stream(fd)]
+        self.pipe_fds = [fd for fd in output_fds if _is_pipe(fd)]
 
     def lost(self) -> bool:
         if self.hangups_ignored:
@@ -84,7 +84,7 @@ class TerminalWatch:
             return True
         if any(not _isatty(fd) for fd in self.tty_fds):
             return True
-        return any(_reader_gone(fd) for fd in self.stream_fds)
+        return any(_reader_gone(fd) for fd in self.pipe_fds)
 
 
 def detach_std_streams() -> None:
