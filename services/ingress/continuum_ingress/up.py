@@ -217,7 +217,7 @@ async def up(
         if fleet is not None:
             lock.add_child("simulated engines", fleet.pid)
         path = Path(config_path) if config_path is not None else _write_demo_config(state_dir, fleet, listen_socket)
-        config = given or load_router_config(path)
+        config = given if given is not None else load_router_config(path)
         nats_url = await stack.enter_async_context(_nats(config, state_dir, lock))
         listener_path = Path(listener_config) if listener_config else None
         ctx = UpContext(path, config, nats_url, state_dir, host, port, fleet, listener_path, listen_socket, reloaders)
