@@ -72,6 +72,9 @@ class UpContext:
     listen_socket: socket.socket | None = None
     # What a SIGHUP reload calls (services append to it).
     reloaders: list[Callable[[], object]] = field(default_factory=list)
+    # Records child processes (`add_child(name, pid)`) so the next `up` can stop them if this
+    # one dies without doing so.
+    state_lock: StateLock | None = None
 
 
 @dataclass(frozen=True)
@@ -220,7 +223,9 @@ async def up(
         config = given if given is not None else load_router_config(path)
         nats_url = await stack.enter_async_context(_nats(config, state_dir, lock))
         listener_path = Path(listener_config) if listener_config else None
-        ctx = UpContext(path, config, nats_url, state_dir, host, port, fleet, listener_path, listen_socket, reloaders)
+        ctx = UpContext(
+            path, config, nats_url, state_dir, host, port, fleet, listener_path, listen_socket, reloaders, lock
+        )
         described = await _start_services(stack, ctx, stop)
         if stop.is_set():
             return
