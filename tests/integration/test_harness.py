@@ -74,6 +74,7 @@ async def test_nats_restart_keeps_jetstream_data(fresh_nats_server: NatsServer) 
 
 async def test_a_server_that_cannot_start_raises_with_its_log(tmp_path) -> None:  # type: ignore[no-untyped-def]
     broken = RedisServer(data_dir=tmp_path, extra_args=["--no-such-option", "1"])
+    broken.wait_ready = _never_ready  # type: ignore[method-assign]
     with pytest.raises(HarnessError, match=r"(?s)did not become ready.*no-such-option"):
         await broken.start()
     assert not broken.running
