@@ -73,13 +73,23 @@ async def test_nats_restart_keeps_jetstream_data(fresh_nats_server: NatsServer) 
 
 
 async def test_a_server_that_cannot_start_raises_with_its_log(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    broken = RedisServer(data_dir=tmp_path, extra_args=["--no-such-option", "1"])
+    broken.wait_ready = _never_ready  # type: ignore[method-assign]
+    with pytest.raises(HarnessError, match=r"(?s)did not become ready.*no-such-option"):
+        await broken.start()
+    assert not broken.running
+
+
+async def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path) -> None:  # type: ignore[no-untyped-def]
     blocker = RedisServer()
     await blocker.start()
     try:
         clash = RedisServer(data_dir=tmp_path, port=blocker.port)
         clash.wait_ready = _never_ready  # type: ignore[method-assign]
-        with pytest.raises(HarnessError, match="did not become ready"):
+        with pytest.raises(HarnessError) as raised:
             await clash.start()
+        assert str(raised.value) == f"cannot listen on 127.0.0.1:{blocker.port} (redis): address already in use"
+        assert clash.pid is None  # no process was started
     finally:
         await blocker.close()
 

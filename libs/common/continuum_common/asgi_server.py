@@ -15,6 +15,31 @@ from typing import Any
 
 import uvicorn
 
+from continuum_common.errors import ListenError
+
+
+def bind_tcp(host: str, port: int, *, backlog: int | None = None) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: a free one), listening when `backlog` is given
+    (which also keeps the port from other sockets that set SO_REUSEADDR). Raises ListenError
+    with one line (`cannot listen on 127.0.0.1:8080: address already in use`)."""
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is
+    # IPPROTO_TCP, and accepted connections inherit proto 0 otherwise. Without it Nagle holds
+    # the response body behind its headers until the client's delayed ACK (~40 ms a request).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        if backlog is not None:
+            sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]" if ":" in host else host
+        reason = (exc.strerror or str(exc)).lower()
+        raise ListenError(f"cannot listen on {shown}:{port}: {reason}") from None
+    return sock
+
 
 class _Server(uvicorn.Server):
     # The owning process handles SIGINT/SIGTERM itself; uvicorn must not take them over.
@@ -31,13 +56,7 @@ class EmbeddedServer:
     ) -> None:
         self._app = app
         self.host = host.strip("[]")
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is
-        # IPPROTO_TCP, and accepted connections inherit proto 0 otherwise. Without it Nagle holds
-        # the response body behind its headers until the client's delayed ACK (~40 ms a request).
-        self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((self.host, port))
+        self._sock = bind_tcp(self.host, port)
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
             app,

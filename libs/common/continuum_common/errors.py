@@ -30,3 +30,10 @@ class SecretError(ConfigError):
 
 class HarnessError(ContinuumError):
     """A test-harness server (nats-server, redis-server) failed to start."""
+
+
+class ListenError(ContinuumError, OSError):
+    """A server could not bind its listening socket (address in use, no permission...).
+
+    The message is one line for an operator: `cannot listen on HOST:PORT: REASON`. An OSError
+    too, so callers that handle a failed bind as an OSError keep doing so."""

@@ -3,7 +3,8 @@
 Used by `continuum-router up` (the embedded default of DESIGN.md §7) and by the test harness,
 so both run the real binaries the same way: free port on loopback, a data directory of their
 own, readiness proven by a real client round trip (JetStream account info, Redis PING), and a
-clean stop (SIGTERM, then SIGKILL after a grace period).
+clean stop (SIGTERM, then SIGKILL after a grace period). Each runs in a session of its own and
+gets SIGTERM when the process that started it dies, even by SIGKILL (continuum_common.children).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from continuum_common.children import bound_to_parent, spawn_options
 from continuum_common.errors import HarnessError
 
 _READY_TIMEOUT_S = 20.0
@@ -68,6 +70,10 @@ class ManagedProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     def command(self) -> list[str]:
         raise NotImplementedError
 
@@ -78,9 +84,14 @@ class ManagedProcess:
         if self.running:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._check_port_free()
         with self.log_path.open("ab") as log:
             self._proc = await asyncio.create_subprocess_exec(
-                *self.command(), stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL
+                *bound_to_parent(self.command()),
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                **spawn_options(),
             )
         deadline = time.monotonic() + _READY_TIMEOUT_S
         last: BaseException | None = None
@@ -96,6 +107,18 @@ class ManagedProcess:
         tail = self.log_tail()
         await self.stop()
         raise HarnessError(f"{self.name} did not become ready on port {self.port}: {last!r}\n{tail}")
+
+    def _check_port_free(self) -> None:
+        """One clear line when the port is taken (a configured port, e.g. `bus.embedded_port`),
+        instead of a readiness timeout with the server's log. SO_REUSEADDR as the servers use it,
+        so a port in TIME_WAIT counts as free."""
+        with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.host, self.port))
+            except OSError as exc:
+                reason = (exc.strerror or str(exc)).lower()
+                raise HarnessError(f"cannot listen on {self.host}:{self.port} ({self.name}): {reason}") from None
 
     def log_tail(self, lines: int = 20) -> str:
         try:

@@ -46,7 +46,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     setup_logging("ingress", args.log_level)
     try:
         run_loop(serve_forever(path, args.host, args.port, args.watch_interval))
-    except ConfigError as exc:
+    except ContinuumError as exc:  # a bad or unreadable config, a missing secret, a port in use
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Generator
 from typing import Any
 
 import uvicorn
 
+from continuum_common.asgi_server import bind_tcp
 from continuum_ingress.edge import EdgeGuard
 
 
@@ -54,7 +56,12 @@ def uvicorn_config(
 
 class RunningServer:
     """`async with RunningServer(app, host, port) as server:` - listening on exit of __aenter__
-    (port 0 picks a free port; read it from `server.port`), drained and stopped on exit."""
+    (port 0 picks a free port; read it from `server.port`), drained and stopped on exit.
+
+    The socket is bound before uvicorn runs the app's start-up, so a port in use is one
+    ListenError (`cannot listen on HOST:PORT: address already in use`) before anything logs
+    "ready". `sock`: a socket the caller bound already (`bind_tcp`), e.g. `up`, which takes its
+    port before it starts any other process."""
 
     def __init__(
         self,
@@ -64,9 +71,11 @@ class RunningServer:
         *,
         log_level: str = "warning",
         edge: EdgeGuard | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         self.server = EmbeddedServer(uvicorn_config(app, host, port, log_level=log_level, edge=edge))
         self._task: asyncio.Task[None] | None = None
+        self._sock = sock
         self.host = host
 
     @property
@@ -78,12 +87,20 @@ class RunningServer:
         return f"http://{self.host}:{self.port}"
 
     async def __aenter__(self) -> RunningServer:
-        self._task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self._task.done():
-                await self._task  # surfaces the start-up error
-                raise RuntimeError("uvicorn exited during start-up")
-            await asyncio.sleep(0.01)
+        if self._sock is None:
+            config = self.server.config
+            self._sock = bind_tcp(self.host, config.port, backlog=config.backlog)
+        self._task = asyncio.create_task(self.server.serve(sockets=[self._sock]))
+        try:
+            while not self.server.started:
+                if self._task.done():
+                    await self._task  # surfaces the start-up error
+                    raise RuntimeError("uvicorn exited during start-up")
+                await asyncio.sleep(0.01)
+        except BaseException:
+            self._sock.close()
+            self._sock = None
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -94,6 +111,9 @@ class RunningServer:
         if self._task is not None:
             await self._task
             self._task = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     async def wait(self) -> None:
         if self._task is not None:

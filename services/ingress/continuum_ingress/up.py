@@ -1,10 +1,14 @@
 """`continuum-router up`: the embedded default of DESIGN.md §7 on one machine.
 
-Starts the embedded `nats-server -js` (when `bus.embedded`, the default) with its store under
-`.continuum/` (or `bus.data_dir`), then every service in SERVICES in order, and stops them in
-reverse order on SIGINT/SIGTERM. `--demo` first starts three simulated vLLM engines
-(continuum_sim.SimFleet, in a child process) and writes a config pointing at them to
-`.continuum/demo-config.yaml` (edit it: hot reload picks changes up).
+Takes the state directory `.continuum/` (statelock.py: one `up` per directory, leftovers of a
+dead one stopped) and the ingress's port, then starts the embedded `nats-server -js` (when
+`bus.embedded`, the default) with its store under `.continuum/` (or `bus.data_dir`), then every
+service in SERVICES in order, and stops them in reverse order on SIGINT/SIGTERM. SIGHUP reloads
+the router configuration, unless the terminal is gone (hangup.py): then `up` stops. `--demo`
+first starts three simulated vLLM engines (continuum_sim.SimFleet, in a child process) and
+writes a config pointing at them to `.continuum/demo-config.yaml` (edit it: hot reload picks
+changes up). Child processes run in sessions of their own and get SIGTERM when `up` dies, even
+by SIGKILL (continuum_common.children).
 
 SERVICES is the registry of what runs: the KV listener (with `--listener-config FILE`, or the
 file `--demo` generates), the indexer (with `kv_cache_index.backend: redis`; with `memory` the
@@ -17,30 +21,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from continuum_common.asgi_server import bind_tcp
 from continuum_common.config import RouterConfig, load_router_config
-from continuum_common.errors import ConfigError
+from continuum_common.errors import ConfigError, ListenError
 from continuum_common.procs import NatsServer
 from continuum_ingress.app import IngressApp
 from continuum_ingress.demo import banner as demo_banner
 from continuum_ingress.demo import demo_config, demo_fleet, demo_model
+from continuum_ingress.hangup import TerminalWatch, detach_std_streams
 from continuum_ingress.kv.up import ADMIN_TOKEN_FILE, demo_kv_sections, indexer_service, listener_service
 from continuum_ingress.run import install_stop_signals
 from continuum_ingress.server import RunningServer
+from continuum_ingress.statelock import StateLock, holding
 from continuum_sim import SimFleet
 
 log = logging.getLogger(__name__)
 
 STATE_DIR = Path(".continuum")
 DEMO_PORT = 8080
+# After a SIGHUP taken for a reload, look at the terminal once more: the hang-up that closes a
+# terminal also ends the other processes of the pipeline `up` writes to, a moment later.
+HANGUP_RECHECK_S = 0.5
+LISTEN_BACKLOG = 2048
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,13 @@ class UpContext:
     fleet: SimFleet | None = None
     # The KV listener's own file (`--listener-config`); None: no listener (unless --demo).
     listener_config: Path | None = None
+    # The ingress's socket, bound (and listening) before any process was started.
+    listen_socket: socket.socket | None = None
+    # What a SIGHUP reload calls (services append to it).
+    reloaders: list[Callable[[], object]] = field(default_factory=list)
+    # Records child processes (`add_child(name, pid)`) so the next `up` can stop them if this
+    # one dies without doing so.
+    state_lock: StateLock | None = None
 
 
 @dataclass(frozen=True)
@@ -72,12 +91,8 @@ async def _ingress(ctx: UpContext) -> AsyncIterator[str | None]:
     server_cfg = ctx.config.server
     host = ctx.host or server_cfg.host
     port = server_cfg.port if ctx.port is None else ctx.port
-    async with RunningServer(app.asgi, host, port, edge=app.edge) as server:
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            import signal
-
-            loop.add_signal_handler(signal.SIGHUP, app.reload)
+    async with RunningServer(app.asgi, host, port, sock=ctx.listen_socket, edge=app.edge) as server:
+        ctx.reloaders.append(app.reload)
         yield server.url
 
 
@@ -109,13 +124,14 @@ SERVICES: tuple[Service, ...] = (
 
 
 @contextlib.asynccontextmanager
-async def _nats(config: RouterConfig, data_dir: Path) -> AsyncIterator[str | None]:
+async def _nats(config: RouterConfig, data_dir: Path, lock: StateLock) -> AsyncIterator[str | None]:
     if not config.bus.embedded:
         yield config.bus.url
         return
     nats_dir = Path(config.bus.data_dir) if config.bus.data_dir else data_dir / "nats"
     server = NatsServer(data_dir=nats_dir, port=config.bus.embedded_port)
     await server.start()
+    lock.add_child("nats-server", server.pid)
     log.info("embedded nats-server (JetStream) on %s, store in %s", server.url, nats_dir)
     try:
         yield server.url
@@ -123,14 +139,46 @@ async def _nats(config: RouterConfig, data_dir: Path) -> AsyncIterator[str | Non
         await server.stop()
 
 
-def _demo_port(host: str) -> int:
-    """8080 when it is free, else any free port (the banner prints the URL either way)."""
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, DEMO_PORT))
-        except OSError:
-            return 0
-    return DEMO_PORT
+def _listen(config: RouterConfig | None, host: str | None, port: int | None) -> socket.socket:
+    """The ingress's socket, taken first so a port in use stops `up` before it starts anything.
+    `--demo` without a config: 8080 when it is free, else any free port (the banner prints the
+    URL either way)."""
+    if config is not None:
+        return bind_tcp(
+            host or config.server.host, config.server.port if port is None else port, backlog=LISTEN_BACKLOG
+        )
+    bind_host = host or "127.0.0.1"
+    if port is not None:
+        return bind_tcp(bind_host, port, backlog=LISTEN_BACKLOG)
+    try:
+        return bind_tcp(bind_host, DEMO_PORT, backlog=LISTEN_BACKLOG)
+    except ListenError:
+        return bind_tcp(bind_host, 0, backlog=LISTEN_BACKLOG)
+
+
+def _install_signals(stop: asyncio.Event, reloaders: list[Callable[[], object]]) -> None:
+    """SIGINT/SIGTERM stop; SIGHUP reloads, or stops when the terminal is gone (hangup.py)."""
+    watch = TerminalWatch()  # before our handler replaces a SIGHUP that nohup set to ignore
+    loop = asyncio.get_running_loop()
+    install_stop_signals(stop)
+
+    def terminal_gone() -> bool:
+        if not watch.lost():
+            return False
+        detach_std_streams()  # nobody reads them any more; the shutdown must not fail writing
+        log.warning("the terminal is gone (SIGHUP): stopping")
+        stop.set()
+        return True
+
+    def on_sighup() -> None:
+        if terminal_gone():
+            return
+        log.info("SIGHUP: reloading the configuration")
+        for reload in reloaders:
+            reload()
+        loop.call_later(HANGUP_RECHECK_S, terminal_gone)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
 
 
 def _make_dir(path: Path) -> None:
@@ -153,37 +201,34 @@ async def up(
     state_dir: Path = STATE_DIR,
     listener_config: str | None = None,
 ) -> None:
+    """Run until `stop` is set (SIGINT/SIGTERM, or a lost terminal, when `on_ready` is None: the
+    command line; tests pass `on_ready` and set `stop` themselves)."""
     if config_path is None and not demo:
         raise ConfigError("up needs --config FILE (or CONTINUUM_CONFIG), or --demo")
+    # A bad or unreadable file fails here, before anything starts.
+    given = load_router_config(config_path) if config_path is not None else None
     stop = stop or asyncio.Event()
+    reloaders: list[Callable[[], object]] = []
     if on_ready is None:
-        install_stop_signals(stop)
+        _install_signals(stop, reloaders)
     _make_dir(state_dir)
     async with contextlib.AsyncExitStack() as stack:
+        lock = await stack.enter_async_context(holding(state_dir))
+        listen_socket = _listen(given, host, port)
+        stack.callback(listen_socket.close)
         fleet = await stack.enter_async_context(demo_fleet()) if demo else None
-        if config_path is None:
-            assert fleet is not None
-            bind_host = host or "127.0.0.1"
-            data = demo_config(
-                fleet.router_backends(), host=bind_host, port=_demo_port(bind_host) if port is None else port
-            )
-            e0 = fleet.endpoints[0]
-            data.update(
-                demo_kv_sections(state_dir, model=e0.model, block_size=e0.block_size, hash_seed=e0.python_hash_seed)
-            )
-            path = _write_yaml(state_dir / "demo-config.yaml", data)
-        else:
-            path = Path(config_path)
-        config = load_router_config(path)
-        nats_url = await stack.enter_async_context(_nats(config, state_dir))
+        if fleet is not None:
+            lock.add_child("simulated engines", fleet.pid)
+        path = Path(config_path) if config_path is not None else _write_demo_config(state_dir, fleet, listen_socket)
+        config = given if given is not None else load_router_config(path)
+        nats_url = await stack.enter_async_context(_nats(config, state_dir, lock))
         listener_path = Path(listener_config) if listener_config else None
-        ctx = UpContext(path, config, nats_url, state_dir, host, port, fleet, listener_path)
-        described: dict[str, str] = {}
-        for service in SERVICES:
-            description = await stack.enter_async_context(service.run(ctx))
-            if description is not None:
-                described[service.name] = description
-                log.info("%s: %s", service.name, description)
+        ctx = UpContext(
+            path, config, nats_url, state_dir, host, port, fleet, listener_path, listen_socket, reloaders, lock
+        )
+        described = await _start_services(stack, ctx, stop)
+        if stop.is_set():
+            return
         url = described["ingress"]
         if on_ready is not None:
             on_ready(url)
@@ -195,3 +240,26 @@ async def up(
             print(banner, flush=True)
         await stop.wait()
         log.info("stopping: %s", ", ".join(reversed(described)))
+
+
+def _write_demo_config(state_dir: Path, fleet: SimFleet | None, listen_socket: socket.socket) -> Path:
+    assert fleet is not None
+    bind_host, bind_port = listen_socket.getsockname()[:2]
+    data = demo_config(fleet.router_backends(), host=bind_host, port=bind_port)
+    e0 = fleet.endpoints[0]
+    data.update(demo_kv_sections(state_dir, model=e0.model, block_size=e0.block_size, hash_seed=e0.python_hash_seed))
+    return _write_yaml(state_dir / "demo-config.yaml", data)
+
+
+async def _start_services(stack: contextlib.AsyncExitStack, ctx: UpContext, stop: asyncio.Event) -> dict[str, str]:
+    """Start SERVICES in order (each stopped by `stack`, in reverse); a stop request between two
+    services ends the start-up early."""
+    described: dict[str, str] = {}
+    for service in SERVICES:
+        if stop.is_set():
+            break
+        description = await stack.enter_async_context(service.run(ctx))
+        if description is not None:
+            described[service.name] = description
+            log.info("%s: %s", service.name, description)
+    return described

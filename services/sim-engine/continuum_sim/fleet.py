@@ -33,6 +33,7 @@ from typing import Any
 
 import zmq.asyncio
 
+from continuum_common.children import bound_to_parent, spawn_options
 from continuum_sim.app import EngineEndpoints, SimEngineServer, start_servers, stop_servers, write_info
 from continuum_sim.config import EngineConfig, config_to_dict
 from continuum_sim.engine import SimEngine
@@ -193,9 +194,12 @@ class SimFleet:
         configs_file.write_text(json.dumps([config_to_dict(c) for c in self.configs]))
         log = (self._tmp / "engines.log").open("wb")
         try:
+            # The engines stop when this process dies, even by SIGKILL (continuum_common.children).
+            argv = [sys.executable, "-m", "continuum_sim", "--configs-json", str(configs_file)]
+            argv += ["--info-file", str(info_file)]
             self._child = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "continuum_sim", "--configs-json", str(configs_file), "--info-file", str(info_file),
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                *bound_to_parent(argv),
+                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT, **spawn_options(),
             )  # fmt: skip
         finally:
             log.close()

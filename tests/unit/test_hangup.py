@@ -1,0 +1,75 @@
+"""hangup.TerminalWatch on real descriptors: a hung-up terminal and a pipe without a reader
+mean "the terminal is gone"; anything else, and everything under nohup, means "reload"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from continuum_ingress.hangup import TerminalWatch
+
+
+class Pipe:
+    def __init__(self) -> None:
+        self.read, self.write = os.pipe()
+
+    def close_read(self) -> None:
+        os.close(self.read)
+        self.read = -1
+
+    def close(self) -> None:
+        for fd in (self.read, self.write):
+            if fd >= 0:
+                os.close(fd)
+
+
+@pytest.fixture
+def pipe() -> Iterator[Pipe]:
+    made = Pipe()
+    yield made
+    made.close()
+
+
+def test_a_hung_up_terminal_is_lost() -> None:
+    master, slave = os.openpty()
+    try:
+        watch = TerminalWatch(std_fds=(slave,), output_fds=(slave,))
+        assert watch.tty_fds == [slave]
+        assert not watch.lost()
+        os.close(master)  # the terminal emulator went away
+        assert watch.lost()
+    finally:
+        os.close(slave)
+
+
+def test_output_to_a_pipe_without_reader_is_lost(pipe: Pipe) -> None:
+    watch = TerminalWatch(std_fds=(), output_fds=(pipe.write,))
+    assert not watch.lost()
+    pipe.close_read()  # `up | tee log`: tee died with the terminal
+    assert watch.lost()
+
+
+def test_files_and_sockets_are_never_a_lost_terminal(tmp_path: Path) -> None:
+    """Output to a file, or to a socket (a service manager's journal) whose peer has gone."""
+    ours, peer = socket.socketpair()
+    with (tmp_path / "log").open("w") as log, ours, peer:
+        watch = TerminalWatch(std_fds=(log.fileno(), ours.fileno()), output_fds=(log.fileno(), ours.fileno()))
+        assert (watch.tty_fds, watch.pipe_fds) == ([], [])
+        peer.close()
+        assert not watch.lost()
+
+
+def test_under_nohup_every_sighup_is_a_reload(pipe: Pipe) -> None:
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        watch = TerminalWatch(std_fds=(), output_fds=(pipe.write,))
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    pipe.close_read()
+    assert watch.hangups_ignored
+    assert not watch.lost()
