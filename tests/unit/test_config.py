@@ -179,24 +179,31 @@ def test_bad_durations(bad: object) -> None:
 
 
 def test_seed_warnings() -> None:
-    cfg = parse(RouterConfig, {"selection_strategy": "PrefixAwareHash"})
+    one = {"backends": [{"name": "b", "url": "http://127.0.0.1:8000", "models": ["m"]}]}
+    cfg = parse(RouterConfig, {**one, "selection_strategy": "PrefixAwareHash"})
     assert [w.split(":")[0] for w in router_warnings(cfg)] == ["selection_strategy"]
     seed = {"model": "seed", "gpu_tier_weight": 0.2}
     cfg = parse(
-        RouterConfig, {"prefix_routing": {"enabled": True}, "kv_cache_index": {"enabled": True, "scoring": seed}}
+        RouterConfig,
+        {**one, "prefix_routing": {"enabled": True}, "kv_cache_index": {"enabled": True, "scoring": seed}},
     )
     assert [w.split(":")[0] for w in router_warnings(cfg)] == ["kv_cache_index.scoring.gpu_tier_weight"]
     # The tier weights belong to the seed formula: the cost model does not use them.
     cost = {"gpu_tier_weight": 0.2}
     cfg = parse(
-        RouterConfig, {"prefix_routing": {"enabled": True}, "kv_cache_index": {"enabled": True, "scoring": cost}}
+        RouterConfig,
+        {**one, "prefix_routing": {"enabled": True}, "kv_cache_index": {"enabled": True, "scoring": cost}},
     )
     assert router_warnings(cfg) == []
     # Only when both prefix routing and the index are on.
     cfg = parse(
-        RouterConfig, {"prefix_routing": {"enabled": True}, "kv_cache_index": {"scoring": {"gpu_tier_weight": 0.2}}}
+        RouterConfig,
+        {**one, "prefix_routing": {"enabled": True}, "kv_cache_index": {"scoring": {"gpu_tier_weight": 0.2}}},
     )
     assert router_warnings(cfg) == []
+    # No backend for clients (none, all disabled, or only internal ones).
+    internal = {"backends": [{**one["backends"][0], "internal": True}]}
+    assert [w.split(":")[0] for w in router_warnings(parse(RouterConfig, internal))] == ["backends"]
 
 
 def test_match_groups() -> None:
@@ -292,7 +299,28 @@ def test_cli_prints_warnings_and_exits_0(tmp_path: Path, capsys: pytest.CaptureF
     path = tmp_path / "w.yaml"
     path.write_text("selection_strategy: PrefixAwareHash\n")
     assert cli_main(["config", "validate", str(path)]) == 0
-    assert "warning: selection_strategy: PrefixAwareHash" in capsys.readouterr().err
+    assert f"warning: {path}: selection_strategy: PrefixAwareHash" in capsys.readouterr().err
+
+
+def test_cli_validates_several_files_and_fails_when_one_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    examples = sorted(str(p) for p in (ROOT / "examples").glob("*.yaml"))
+    assert cli_main(["config", "validate", *examples]) == 0
+    assert f"{len(examples)} of {len(examples)} file(s) valid" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("server:\n  port: -1\n")
+    assert cli_main(["config", "validate", examples[0], str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert f"{examples[0]}: OK" in captured.out and "1 of 2 file(s) valid" in captured.out
+    assert "server.port" in captured.err
+
+
+def test_cli_warns_about_a_config_with_no_backends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert cli_main(["config", "validate", str(path)]) == 0
+    assert "backends: no enabled backend takes client traffic" in capsys.readouterr().err
 
 
 def test_empty_file_is_all_defaults(tmp_path: Path) -> None:

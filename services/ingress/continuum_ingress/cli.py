@@ -14,23 +14,32 @@ from continuum_common.errors import ConfigError, ContinuumError
 
 
 def _cmd_config_validate(args: argparse.Namespace) -> int:
-    """Exit 0 (warnings on stderr) or 1 with every error and its dotted path."""
+    """Every file: OK (warnings on stderr) or every error with its dotted path. Exit 1 when
+    any file has an error."""
+    failed = 0
+    for file in args.files:
+        failed += _validate_one(file, args.kind)
+    if len(args.files) > 1:
+        print(f"{len(args.files) - failed} of {len(args.files)} file(s) valid")
+    return 1 if failed else 0
+
+
+def _validate_one(file: str, kind: str) -> int:
     try:
-        kind = args.kind
         if kind == "auto":
             # The listener's file is the only one with a top-level `sources` list.
-            kind = "listener" if "sources" in read_yaml(args.file) else "router"
+            kind = "listener" if "sources" in read_yaml(file) else "router"
         if kind == "listener":
-            load_listener_config(args.file)
+            load_listener_config(file)
             warnings: list[str] = []
         else:
-            warnings = router_warnings(load_router_config(args.file))
+            warnings = router_warnings(load_router_config(file))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(f"{args.file}: OK ({kind} configuration)")
+        print(f"warning: {file}: {warning}", file=sys.stderr)
+    print(f"{file}: OK ({kind} configuration)")
     return 0
 
 
@@ -102,8 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="work with configuration files")
     config_sub = config.add_subparsers(dest="config_command", required=True)
-    validate = config_sub.add_parser("validate", help="validate a router configuration file")
-    validate.add_argument("file")
+    validate = config_sub.add_parser(
+        "validate",
+        help="validate router or listener configuration files",
+        description="Validate configuration files: errors with their dotted path, and warnings. "
+        "Exit 1 when any file has an error. Example: continuum-router config validate examples/*.yaml",
+    )
+    validate.add_argument("files", nargs="+", metavar="FILE")
     validate.add_argument(
         "--kind", choices=("auto", "router", "listener"), default="auto", help="which schema (default: detect)"
     )

@@ -109,6 +109,11 @@ def router_warnings(cfg: RouterConfig) -> list[str]:
     """The seed's configuration warnings and Continuum's own, path first (also logged at
     start-up and reload)."""
     warnings: list[str] = []
+    if not any(b.enabled and not b.internal for b in cfg.backends):
+        warnings.append(
+            "backends: no enabled backend takes client traffic; every request will be answered 503 "
+            "until one is configured"
+        )
     if cfg.selection_strategy is SelectionStrategy.PREFIX_AWARE_HASH and not cfg.prefix_routing.enabled:
         warnings.append(
             "selection_strategy: PrefixAwareHash is set but prefix_routing.enabled is false; every "
