@@ -212,7 +212,9 @@ class ProcessStack:
             argv = _python(
                 "continuum_indexer", "--config", str(router_file), "--listen", f"127.0.0.1:{port}", *env_level
             )
-            self.indexers.append(ServiceProcess(f"indexer{i}", argv, f"http://127.0.0.1:{port}/healthz", self.root, port))
+            self.indexers.append(
+                ServiceProcess(f"indexer{i}", argv, f"http://127.0.0.1:{port}/healthz", self.root, port)
+            )
         self.router = ServiceProcess(
             "router",
             _python("continuum_ingress", "serve", "--config", str(router_file), "--watch-interval", "0", *env_level),
@@ -294,7 +296,6 @@ class ProcessStack:
         for name, row in (rows or {}).items():
             out[name] = int(row.get("gpu_blocks", 0))
         return out
-
 
     async def engine_hashes(self) -> dict[str, int]:
         """Distinct block hashes each running engine holds in its prefix cache (its own gauge):
@@ -401,7 +402,9 @@ class Load:
         self._next = 0
 
     async def __aenter__(self) -> Load:
-        self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout, limits=httpx.Limits(max_connections=512))
+        self._client = httpx.AsyncClient(
+            base_url=self.url, timeout=self.timeout, limits=httpx.Limits(max_connections=512)
+        )
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -466,5 +469,3 @@ class Load:
             if b'"error"' in tail:
                 return "stream_error_event"
             return "ok" if tail.rstrip().endswith(b"data: [DONE]") else "stream_cut"
-
-
