@@ -16,6 +16,7 @@ from nats.aio.client import Client as NatsClient
 from continuum_common.bus import connect, ensure_kv_stream
 from continuum_common.kvindex import BlockIndexStore, KvIndexStore, open_block_index, open_kv_index
 from continuum_common.redis_client import RedisClient, make_redis
+from continuum_common.tracing import Tracing
 from continuum_indexer import admin
 from continuum_indexer.adapters.admin_nats import AdminResponder
 from continuum_indexer.adapters.http import HealthServer
@@ -41,6 +42,8 @@ class IndexerApp:
         self.feeds: IndexFeeds | None = None
         self.http: HealthServer | None = None
         self.started = asyncio.Event()  # set when every part runs (tests, `up`)
+        # Spans of index writes, linked to the listener's (the router file's `tracing` section).
+        self.tracing = Tracing(settings.config.tracing, "indexer")
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         feeds, nc = self.feeds, self.nc
@@ -76,7 +79,7 @@ class IndexerApp:
         responder: AdminResponder | None = None
         try:
             await ensure_kv_stream(self.nc.jetstream(), cfg.bus)
-            self.feeds = IndexFeeds(self.settings, self.index, self.nc, self.metrics, self.blocks)
+            self.feeds = IndexFeeds(self.settings, self.index, self.nc, self.metrics, self.blocks, tracing=self.tracing)
             responder = AdminResponder(self.nc, cfg.kv_cache_index, self.index, self.feeds, self.metrics)
             await responder.start()
             if self.settings.listen is not None:
@@ -104,6 +107,7 @@ class IndexerApp:
                     await self.nc.drain()
             with contextlib.suppress(Exception):
                 await self.nc.close()
+        self.tracing.shutdown()  # flushes queued spans (bounded by the exporter's timeout)
         if self.index is not None:
             await self.index.close()
         if self.blocks is not None:

@@ -15,6 +15,7 @@ from nats.aio.client import Client as NatsClient
 
 from continuum_common.bus import ensure_kv_stream
 from continuum_common.kvindex import BlockIndexStats, BlockIndexWriter, KvIndexError, KvIndexWriter
+from continuum_common.tracing import Tracing
 from continuum_indexer.adapters.jetstream import JetStreamConsumer
 from continuum_indexer.adapters.resync import ResyncRequester
 from continuum_indexer.adapters.sse_source import SseSource
@@ -34,6 +35,8 @@ class IndexFeeds:
         nc: NatsClient,
         metrics: IndexerMetrics,
         blocks: BlockIndexWriter,
+        *,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
         self.index = index
@@ -48,6 +51,7 @@ class IndexFeeds:
             settings.consumer,
             skip_backends=settings.sse_backends,
             prepare=lambda: ensure_kv_stream(nc.jetstream(), settings.config.bus),
+            tracing=tracing,
         )
         self.sse_sources = [SseSource(s, self.sink) for s in settings.sse_sources]
         self.index_ok = True

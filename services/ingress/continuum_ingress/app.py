@@ -36,6 +36,7 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 
 from continuum_common.config import RouterConfig, load_router_config
 from continuum_common.config.secrets import read_secret
+from continuum_common.tracing import Tracing
 from continuum_ingress.adapters.dialects import UpstreamDialect, default_dialects
 from continuum_ingress.adapters.forward import Forwarder
 from continuum_ingress.adapters.health import HealthChecker
@@ -96,6 +97,8 @@ class IngressApp:
         # Raises ConfigError on an unreadable secret.
         self.holder = ConfigHolder(config, factory.build, initial)
         self.holder.on_reload.append(self.metrics.reload)
+        # One trace per request when `tracing.enabled` (request_trace.py; a restart-only section).
+        self.tracing = Tracing(initial.tracing, "ingress")
         # The HTTP edge's limits apply to the server this app is mounted on (read at start;
         # a change to them takes a restart, like server.host and server.port).
         self.edge = EdgeGuard(EdgeLimits.from_config(initial.server), self.metrics.registry)
@@ -162,7 +165,12 @@ class IngressApp:
         self._forward_endpoints: dict[str, ForwardEndpoint] = {}
         for path, api in CLIENT_PATHS.items():
             endpoint = ForwardEndpoint(
-                api, holder=self.holder, pipeline=self.pipeline, forwarder=self.forwarder, metrics=self.metrics
+                api,
+                holder=self.holder,
+                pipeline=self.pipeline,
+                forwarder=self.forwarder,
+                metrics=self.metrics,
+                tracing=self.tracing,
             )
             self._forward_endpoints[path] = endpoint
             app.router.routes.append(Route(path, endpoint, methods=["POST"]))
@@ -207,6 +215,8 @@ class IngressApp:
                 except Exception:
                     log.exception("a component failed to close")
             await self.clients.aclose()
+            # Flushes the spans still queued (bounded by the exporter's 5 s timeout; at exit).
+            self.tracing.shutdown()
             log.info("ingress stopped")
 
     async def _maintenance(self, stop: asyncio.Event) -> None:

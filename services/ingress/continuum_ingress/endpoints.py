@@ -17,16 +17,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from continuum_common.tracing import Tracing
 from continuum_ingress.adapters.forward import Forwarder, response_headers
 from continuum_ingress.asgi import Channel, ClientGone, DisconnectWatch, Receive, Scope, Send, read_body, read_headers
 from continuum_ingress.config import ConfigHolder
 from continuum_ingress.errors import RequestError
-from continuum_ingress.hooks import CachedResponse
+from continuum_ingress.hooks import CachedResponse, CacheLookup
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.requests import parse_request
+from continuum_ingress.request_trace import RequestTrace
+from continuum_ingress.snapshot import RouterSnapshot
 from continuum_ingress.state import RequestState
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,7 @@ class ForwardEndpoint:
         forwarder: Forwarder,
         metrics: IngressMetrics,
         clock: Callable[[], float] = time.perf_counter,
+        tracing: Tracing | None = None,
     ) -> None:
         self.api = api
         self.holder = holder
@@ -70,6 +74,7 @@ class ForwardEndpoint:
         self.forwarder = forwarder
         self.metrics = metrics
         self.clock = clock
+        self.tracing = tracing if tracing is not None and tracing.enabled else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = self.clock()
@@ -77,6 +82,7 @@ class ForwardEndpoint:
         info = read_headers(scope["headers"])
         channel = Channel(send)
         snapshot = self.holder.acquire()
+        rtrace = None if self.tracing is None else RequestTrace(self.tracing, api.value, scope["headers"])
         try:
             try:
                 raw = await read_body(receive, info.content_length, snapshot.config.server.max_body_bytes)
@@ -90,15 +96,11 @@ class ForwardEndpoint:
             state = RequestState(
                 info.request_id, request, raw, info.client, scope["headers"], info.session_id or request.user, started
             )
+            if rtrace is not None:
+                state.trace = rtrace.describe(request.model, request.stream, info.request_id)
             with DisconnectWatch(receive, channel) as watch:
                 try:
-                    # The response cache first: a HIT needs no prefix key and no backend.
-                    lookup = await self.pipeline.lookup_cache(state)
-                    if lookup.response is not None:
-                        await self._replay(state, lookup.response, channel)
-                    else:
-                        self.pipeline.prepare(state, snapshot)
-                        await self.forwarder.forward(state, snapshot, channel, lookup)
+                    await self._serve(state, snapshot, channel)
                 except RequestError as error:
                     if channel.started:
                         raise
@@ -123,6 +125,25 @@ class ForwardEndpoint:
             self.holder.release(snapshot)
             if channel.status:
                 self.metrics.request(api.value, channel.status, self.clock() - started)
+            if rtrace is not None:
+                rtrace.end(channel.status)
+
+    async def _serve(self, state: RequestState, snapshot: RouterSnapshot, channel: Channel) -> None:
+        # The response cache first: a HIT needs no prefix key and no backend.
+        lookup = await self._lookup(state)
+        if lookup.response is not None:
+            await self._replay(state, lookup.response, channel)
+        else:
+            self.pipeline.prepare(state, snapshot)
+            await self.forwarder.forward(state, snapshot, channel, lookup)
+
+    async def _lookup(self, state: RequestState) -> CacheLookup:
+        if state.trace is None:
+            return await self.pipeline.lookup_cache(state)
+        with state.trace.span("cache.lookup") as span:
+            lookup = await self.pipeline.lookup_cache(state)
+            span.set_attribute("continuum.cache", lookup.status or "none")
+            return lookup
 
     @staticmethod
     async def _replay(state: RequestState, cached: CachedResponse, channel: Channel) -> None:

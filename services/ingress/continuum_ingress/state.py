@@ -11,6 +11,7 @@ from continuum_ingress.adapters.dialects import ClientHeaders
 from continuum_ingress.policy.scorer import HoldingTier
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.requests import ParsedRequest
+from continuum_ingress.request_trace import RequestTrace
 
 
 @dataclass(slots=True)
@@ -41,6 +42,8 @@ class RequestState:
     # Per-request notes of components, by component name (the Gemini context cache keeps its
     # decision for the attempt here, for the dialect and the stale-reference resend).
     extras: dict[str, Any] = field(default_factory=dict)
+    # The request's spans (request_trace.py); None when tracing is off.
+    trace: RequestTrace | None = None
 
     def headers(self) -> dict[str, str]:
         """The request headers as a lower-case-name mapping (built on demand; the last value of

@@ -28,10 +28,12 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, BadRequestError, FetchTimeoutError
+from opentelemetry import trace
 
 from continuum_common.events import STREAM_NAME, SUBJECT_WILDCARD, KvEvent
 from continuum_common.kvindex import KvIndexError
 from continuum_common.kvindex.block_pack import batch_blocks, split_by_size
+from continuum_common.tracing import Tracing
 from continuum_common.wire.kv import KvBatch
 from continuum_indexer.adapters.pull import ConsumerGoneError, PullStream
 from continuum_indexer.config import ConsumerSettings
@@ -46,6 +48,9 @@ log = logging.getLogger("continuum.indexer.jetstream")
 _IDLE_ERRORS = (nats.errors.TimeoutError, FetchTimeoutError, asyncio.TimeoutError)
 
 
+MAX_SPAN_LINKS = 128  # links per apply span (a write can carry thousands of messages)
+
+
 class JetStreamConsumer:
     def __init__(
         self,
@@ -55,8 +60,12 @@ class JetStreamConsumer:
         *,
         skip_backends: frozenset[str] = frozenset(),
         prepare: Callable[[], Awaitable[None]] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.nc = nc
+        # With tracing on, each index write is a CONSUMER span linked to the listener's span of
+        # every message it applies (their `traceparent` headers).
+        self.tracing = tracing if tracing is not None and tracing.enabled else None
         self.js = nc.jetstream()
         self.sink = sink
         self.settings = settings
@@ -251,13 +260,29 @@ class JetStreamConsumer:
     async def _write(self, write: Callable[[], Awaitable[object]], msgs: list[Msg], what: str) -> bool:
         """Run one index write; ack its messages when it succeeded."""
         try:
-            await write()
+            if self.tracing is None:
+                await write()
+            else:
+                await self._traced(self.tracing, write, msgs, what)
         except KvIndexError as exc:
             log.warning("index write failed (%s); %d %s naked", exc, len(msgs), what)
             return False
         for msg in msgs:
             await self._settle(msg.ack())
         return True
+
+    @staticmethod
+    async def _traced(tracing: Tracing, write: Callable[[], Awaitable[object]], msgs: list[Msg], what: str) -> None:
+        links = []
+        for msg in msgs[:MAX_SPAN_LINKS]:
+            context = trace.get_current_span(tracing.extract(msg.headers)).get_span_context()
+            if context.is_valid:
+                links.append(trace.Link(context))
+        attributes: dict[str, str | int] = {"messaging.system": "nats", "messaging.batch.message_count": len(msgs)}
+        with tracing.tracer.start_as_current_span(
+            f"kv.apply {what}", kind=trace.SpanKind.CONSUMER, links=links, attributes=attributes
+        ):
+            await write()
 
     def _drop(self, msg: Msg, drop: DroppedEvent) -> None:
         self.stats.events_dropped += 1

@@ -27,6 +27,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from continuum_common.config import Backend
 from continuum_ingress.adapters.dialects import (
     AttemptDialect,
@@ -43,6 +45,7 @@ from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.pool import BackendState
 from continuum_ingress.protocol.errors import stream_error_event
+from continuum_ingress.request_trace import end_upstream
 from continuum_ingress.snapshot import RouterSnapshot
 from continuum_ingress.state import RequestState
 
@@ -111,7 +114,7 @@ class Forwarder:
         last: RequestError | None = None
         for _ in range(MAX_ATTEMPTS):
             try:
-                backend = await self.pipeline.choose(state, snapshot, state.attempts)
+                backend = await self._choose(state, snapshot)
             except NoBackend:
                 if last is not None:
                     raise last from None
@@ -127,6 +130,18 @@ class Forwarder:
                     log.info("retrying on another backend: %s (request %s)", exc.error.message, state.request_id)
         assert last is not None
         raise last
+
+    async def _choose(self, state: RequestState, snapshot: RouterSnapshot) -> BackendState:
+        if state.trace is None:
+            return await self.pipeline.choose(state, snapshot, state.attempts)
+        with state.trace.span("route.select") as span:
+            backend = await self.pipeline.choose(state, snapshot, state.attempts)
+            span.set_attribute("continuum.backend", backend.name)
+            if state.route_label is not None:
+                span.set_attribute("continuum.route", state.route_label.value)
+            if state.scorer_tier is not None:
+                span.set_attribute("continuum.kv_tier", state.scorer_tier.value)
+            return backend
 
     async def _body(self, state: RequestState, snapshot: RouterSnapshot, spec: Backend) -> dict[str, Any] | None:
         body = state.request.body
@@ -151,6 +166,10 @@ class Forwarder:
         dialect, target = self._prepare(state, spec, client)
         content = dialect.encode(state.api, body, state.raw)
         headers = dialect.headers(state.api, snapshot.api_keys.get(spec.name), state.client)
+        span: Span | None = None
+        if state.trace is not None:
+            span, headers = state.trace.upstream(backend.name, len(state.attempts), headers)
+        outcome, status = "success", None
         start = self.clock()
         backend.begin(start)
         backend.queue_prefill(state.prefill_tokens)  # released at the first byte (_stream) or the end
@@ -158,49 +177,71 @@ class Forwarder:
             response, first = await self._first_byte(
                 state, spec, backend, client=client, target=target, headers=headers, content=content
             )
+            status = response.status
             try:
                 preread: bytes | None = None
                 if self.rejection_handlers and 400 <= response.status < 500:
+                    # may resend: the response to serve (and close) is then the new one
                     response, preread = await self._reconsider(
                         state, spec, backend, response, dialect=dialect, client=client, target=target, headers=headers
                     )
-                if response.status >= 500:
-                    await self._server_error(response, backend)
-                backend.record_success(self.clock() - start)
-                translator = dialect.translator(state.api, state.stream)
-                recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status == "miss" else None
-                if first is not None:
-                    response.read_timeout = min(response.read_timeout, spec.stream_idle_timeout_ms / 1000)
-                    await self._stream(
-                        state,
-                        backend=backend,
-                        response=response,
-                        first=first,
-                        channel=channel,
-                        translator=translator,
-                        recorder=recorder,
-                    )
-                else:
-                    await self._whole(
-                        state,
-                        backend=backend,
-                        response=response,
-                        channel=channel,
-                        translator=translator,
-                        recorder=recorder,
-                        data=preread,
-                    )
+                    status = response.status
+                await self._deliver(
+                    state, spec, backend, response, first=first, preread=preread,
+                    dialect=dialect, channel=channel, lookup=lookup, start=start,
+                )  # fmt: skip
             finally:
                 await response.aclose()
         except asyncio.CancelledError:
             # Client gone (or shutdown): no verdict on the backend, and free a half-open trial.
             backend.record_abandon(self.clock())
             self.metrics.backend(backend.name, "cancelled")
+            outcome = "cancelled"
+            raise
+        except _Retryable as exc:
+            outcome = exc.reason
+            raise
+        except RequestError as exc:
+            outcome = exc.code or "error"
             raise
         finally:
             backend.finish()
             backend.prefill_done(state.prefill_tokens)
             state.prefill_tokens = 0
+            if span is not None:
+                end_upstream(span, status, "client_error" if outcome == "success" and (status or 0) >= 400 else outcome)
+
+    async def _deliver(
+        self,
+        state: RequestState,
+        spec: Backend,
+        backend: BackendState,
+        response: Response,
+        *,
+        first: _FirstChunk | None,
+        preread: bytes | None,
+        dialect: UpstreamDialect | DialectAttempt,
+        channel: Channel,
+        lookup: CacheLookup,
+        start: float,
+    ) -> None:
+        """The answer to the client: a 5xx retried, else streamed or whole."""
+        if response.status >= 500:
+            await self._server_error(response, backend)
+        backend.record_success(self.clock() - start)
+        translator = dialect.translator(state.api, state.stream)
+        recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status == "miss" else None
+        if first is not None:
+            response.read_timeout = min(response.read_timeout, spec.stream_idle_timeout_ms / 1000)
+            await self._stream(
+                state, backend=backend, response=response, first=first, channel=channel, translator=translator,
+                recorder=recorder,
+            )  # fmt: skip
+        else:
+            await self._whole(
+                state, backend=backend, response=response, channel=channel, translator=translator,
+                recorder=recorder, data=preread,
+            )  # fmt: skip
 
     async def _first_byte(
         self,
