@@ -88,6 +88,7 @@ class IndexFeeds:
             await self.maintain_once()
 
     async def maintain_once(self) -> None:
+        await self.consumer.report_pending(self.metrics.consumer_pending)
         try:
             expired = await self.index.cleanup_expired()
             stats = await self.index.stats()

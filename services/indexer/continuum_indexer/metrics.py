@@ -134,3 +134,9 @@ class IndexerMetrics:
         self.block_index_backends = Gauge(
             "continuum_kv_block_index_backends", "Backends with live state in the block index", registry=r
         )
+        self.consumer_pending = Gauge(
+            "continuum_kv_consumer_pending",
+            "Messages of CONTINUUM_KV the durable consumer has not applied yet (JetStream pending + "
+            "unacknowledged), as of the last maintenance pass: the event lag in messages",
+            registry=r,
+        )

@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, BadRequestError, FetchTimeoutError
 from opentelemetry import trace
+from prometheus_client import Gauge
 
 from continuum_common.events import STREAM_NAME, SUBJECT_WILDCARD, KvEvent
 from continuum_common.kvindex import KvIndexError
@@ -79,6 +80,19 @@ class JetStreamConsumer:
         # Redis runs scripts one at a time: more writes in flight than this only queue there,
         # on the clock of the command timeout, instead of here
         self._block_writes = asyncio.Semaphore(settings.block_writes_in_flight)
+
+    async def report_pending(self, gauge: Gauge) -> None:
+        """Set `gauge` to the durable consumer's backlog (pending + unacknowledged); left as it
+        was when JetStream does not answer within a second (an embedded private consumer has
+        no durable to ask about)."""
+        durable = self.settings.durable
+        if durable is None or not self.nc.is_connected:
+            return
+        try:
+            info = await self.js.consumer_info(STREAM_NAME, durable, timeout=1.0)
+        except (nats.errors.Error, TimeoutError, OSError):
+            return
+        gauge.set((info.num_pending or 0) + (info.num_ack_pending or 0))
 
     def stop(self) -> None:
         """Finish the batch in hand (apply + ack), then return from run()."""
