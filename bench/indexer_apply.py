@@ -3,7 +3,7 @@ JetStream, one `continuum-indexer` process (its real console entry point), a rea
 redis-server; the rate from the first ack to the last, read from the durable consumer's ack
 floor.
 
-* default: N normalized version-1 events (prefix-key index). Target (issue 7): >= 20,000
+* default: N normalized version-1 events (prefix-key index). Target: >= 20,000
   events/s on one process.
 * `--blocks`: version-2 KV batches of about N block events, vLLM-shaped (per batch 1-3 stores
   of 20-200 hashes and, once an engine's cache is full, one single-hash removal per evicted

@@ -4,7 +4,7 @@ process, real nats-server and redis-server; probes are sent one at a time (each 
 or block never seen before) while a background publisher adds load at the given rates.
 
 * default: a version-1 event, read with `RedisKvIndex.query_backends()`; background load in
-  events/s. Target (issue 7): p99 <= 100 ms.
+  events/s. Target: p99 <= 100 ms.
 * `--blocks`: a version-2 batch storing one new block, read with
   `RedisBlockIndex.match_many()`; background load of vLLM-shaped batches in block events/s.
   Target: p99 <= 50 ms at 20,000 block events/s."""

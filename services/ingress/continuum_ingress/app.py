@@ -90,7 +90,7 @@ class IngressApp:
         self.metrics = IngressMetrics(self.pool)
         # Raises ConfigError (with every problem) on a bad file.
         initial = config if isinstance(config, RouterConfig) else load_router_config(config)
-        # Gemini (issue 8): its dialect, the context cache rewriter/component, admin routes.
+        # Gemini: its dialect, the context cache rewriter/component, admin routes.
         self.gemini = build_gemini(initial, self.metrics.registry, nats_url=nats_url)
         self.dialects = dict(dialects or {**default_dialects(), "gemini": self.gemini.dialect})
         factory = SnapshotFactory(self.pool, self.clients, self.dialects, rng)

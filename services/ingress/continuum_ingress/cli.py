@@ -1,12 +1,11 @@
-"""`continuum-router` (alias `continuum`): the product's command line.
-
-Thin by design: it parses arguments and hands over to the module that owns each command.
-"""
+"""`continuum-router` (alias `continuum`): the product's command line (parsing only; each
+command is handed to the module that owns it)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from continuum_common.config import load_listener_config, load_router_config, read_yaml, router_warnings
@@ -105,17 +104,45 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 2
 
 
+DESCRIPTION = """\
+Continuum: a KV-cache-aware router in front of LLM backends (vLLM, SGLang, TensorRT-LLM,
+OpenAI-compatible servers, Anthropic, Gemini).
+
+examples:
+  continuum-router up --demo                       # everything on this machine, 3 simulated engines
+  continuum-router serve --config router.yaml      # the router alone
+  continuum-router config validate examples/*.yaml
+  continuum-router bench compare --help
+"""
+
+
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str, example: str
+) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(f"{summary[0].upper()}{summary[1:]}.", 88) + f"\n\nexample:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="continuum-router", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="continuum-router", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    config = sub.add_parser("config", help="work with configuration files")
+    config = _command(
+        sub, "config", "check configuration files", "continuum-router config validate router.yaml listener.yaml"
+    )
     config_sub = config.add_subparsers(dest="config_command", required=True)
-    validate = config_sub.add_parser(
+    validate = _command(
+        config_sub,
         "validate",
-        help="validate router or listener configuration files",
-        description="Validate configuration files: errors with their dotted path, and warnings. "
-        "Exit 1 when any file has an error. Example: continuum-router config validate examples/*.yaml",
+        "validate router or listener configuration files (errors with their dotted path, and "
+        "warnings; exit 1 when any file has an error)",
+        "continuum-router config validate examples/*.yaml",
     )
     validate.add_argument("files", nargs="+", metavar="FILE")
     validate.add_argument(
@@ -123,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.set_defaults(func=_cmd_config_validate)
 
-    serve = sub.add_parser("serve", help="run the ingress HTTP server")
+    serve = _command(
+        sub,
+        "serve",
+        "run the router (the ingress HTTP server) with a configuration file; SIGHUP or a file change reloads it",
+        "continuum-router serve --config router.yaml --port 8080",
+    )
     serve.add_argument("--config", "-c", help="router configuration file (default: $CONTINUUM_CONFIG)")
     serve.add_argument("--host", help="override server.host")
     serve.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
@@ -136,7 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_cmd_serve)
 
-    up = sub.add_parser("up", help="run the whole product on this machine")
+    up = _command(
+        sub,
+        "up",
+        "run the whole product on this machine: NATS, the KV listener and indexer when configured, "
+        "gemini-cache when enabled, and the router (--demo adds 3 simulated engines)",
+        "continuum-router up --demo",
+    )
     up.add_argument("--config", "-c", help="router configuration file (optional with --demo)")
     up.add_argument("--demo", action="store_true", help="also start 3 simulated engines and route to them")
     up.add_argument("--host", help="override server.host")
@@ -145,7 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-level", default=None)
     up.set_defaults(func=_cmd_up)
 
-    bench = sub.add_parser("bench", help="benchmarks (`bench fleet --help`, `bench compare --help`)")
+    bench = _command(
+        sub,
+        "bench",
+        "benchmarks on a simulated fleet: `bench fleet` (one router), `bench compare` (routers side by side)",
+        "continuum-router bench compare --workloads shared-prompt,multi-turn",
+    )
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_cmd_bench)
     return parser

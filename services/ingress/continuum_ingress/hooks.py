@@ -1,9 +1,9 @@
 """Extension points other issues plug into (see docs/ingress.md, "Seams").
 
-* `ResponseCacheHook` (issue 5, Tier 2/3): consulted before selection; records responses.
+* `ResponseCacheHook` (Tier 2/3): consulted before selection; records responses.
 * `Component`: start / reload / aclose with the app's lifespan and configuration.
 * `BodyRewriter`: per-attempt body rewrites that depend on the chosen backend (salt echo and
-  Anthropic cache_control are built in; Gemini context caching, issue 8, adds its own).
+  Anthropic cache_control are built in; the Gemini context cache adds its own).
 * `RejectionHandler`: a body rewriter that may resend once to the same backend after a 4xx
   caused by its own rewrite (a Gemini cache reference that expired: resend without it).
 * `RequestScorer`: the Tier 4 scorer (kv/selector.py); a `policy.scorer.BackendScorer` (the

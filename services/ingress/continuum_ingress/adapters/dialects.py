@@ -2,9 +2,9 @@
 
 A dialect says which client APIs a backend type serves, the upstream path of each, the auth
 headers, and (optionally) how to translate bodies for a backend that speaks a different wire
-format. Today every dialect is a pass-through of the client's JSON; issue 8 (Gemini native
-`generateContent`) plugs a translating dialect in by replacing the `gemini` entry of the mapping
-given to `create_app(dialects=...)`.
+format. These are pass-throughs of the client's JSON; the Gemini dialect (native
+`generateContent`, gemini/dialect.py) translates, and is put in place of the `gemini` entry of
+this mapping by the app.
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ _OPENAI_PATHS = {
 
 
 def default_dialects() -> dict[str, UpstreamDialect]:
-    """Backend `type` -> dialect. `gemini` goes through Google's OpenAI-compatible API until the
-    native dialect of issue 8 replaces it."""
+    """Backend `type` -> dialect. `gemini` here is Google's OpenAI-compatible API; the app puts
+    the native Gemini dialect (gemini/dialect.py) in its place."""
     return {
         "openai": OpenAICompatible("openai", _OPENAI_PATHS),
         "vllm": OpenAICompatible("vllm", {**_OPENAI_PATHS, Api.MESSAGES: "/v1/messages"}),

@@ -1,4 +1,4 @@
-"""`type: gemini` backends in the ingress (issue 8): the OpenAI-compatible or native
+"""`type: gemini` backends in the ingress: the OpenAI-compatible or native
 (`generateContent`) dialect with full conversion both ways, and the ingress half of the Gemini
 context cache (lookups, ensures, drops and usage over NATS to the gemini-cache service).
 

@@ -1,0 +1,61 @@
+"""The documents speak to users: every relative link resolves inside the repository, and no
+document or command help cites issue numbers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from continuum_ingress.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = sorted(
+    [
+        ROOT / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "deploy").rglob("*.md"),
+        *(ROOT / "bench").rglob("*.md"),
+    ]
+)
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+ISSUE = re.compile(r"\bissues? #?\d+\b|(?<![\w/&])#\d{1,4}\b", re.IGNORECASE)
+
+
+def relative_links(path: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.DOTALL)
+    return [
+        target
+        for target in LINK.findall(text)
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", target) and not target.startswith("#")
+    ]
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(path: Path) -> None:
+    broken = [t for t in relative_links(path) if not (path.parent / t.split("#", 1)[0]).exists()]
+    assert broken == []
+
+
+def test_the_link_check_sees_links() -> None:
+    assert sum(len(relative_links(p)) for p in DOCUMENTS) > 0 or all(
+        "](" not in p.read_text(encoding="utf-8") for p in DOCUMENTS
+    )
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_issue_numbers(path: Path) -> None:
+    assert ISSUE.findall(path.read_text(encoding="utf-8")) == []
+
+
+def test_command_help_has_no_issue_numbers_and_an_example_per_command() -> None:
+    parser = build_parser()
+    texts = [parser.format_help()]
+    for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
+        for name, sub in action.choices.items():
+            texts.append(sub.format_help())
+            for inner in getattr(sub, "_subparsers", None)._group_actions if sub._subparsers else []:  # type: ignore[union-attr]
+                texts.extend(s.format_help() for s in inner.choices.values())
+            assert "example" in sub.format_help().lower(), name
+    assert not any(ISSUE.search(t) for t in texts)
