@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import orjson
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -269,22 +270,100 @@ def _drop_deleted(value: Any) -> Any:
 
 
 @st.composite
-def mutated(draw: st.DrawFn, bodies: st.SearchStrategy[dict[str, Any]], max_mutations: int = 3) -> Any:
-    """A body from `bodies` with up to `max_mutations` changes: a value replaced by a hostile
-    one (wrong type, huge, negative, unicode, deep nesting), a key deleted, or a key added."""
+def mutated(
+    draw: st.DrawFn,
+    bodies: st.SearchStrategy[Any],
+    max_mutations: int = 3,
+    *,
+    hostile: st.SearchStrategy[Any] = hostile_values,
+    names: list[str] = FIELD_NAMES,
+) -> Any:
+    """A value from `bodies` with up to `max_mutations` changes: a value replaced by a hostile
+    one (wrong type, huge, negative, unicode, deep nesting), a key or an element deleted, or a
+    key (from `names`) added."""
     body: Any = draw(bodies)
     for _ in range(draw(st.integers(min_value=0, max_value=max_mutations))):
         path = draw(st.sampled_from(_paths(body)))
         action = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
         if action == "replace" or (not path and action == "delete"):
-            replacement = draw(hostile_values)
+            replacement = draw(hostile)
             body = _replace(body, path, lambda _old, r=replacement: r)
         elif action == "delete":
             body = _drop_deleted(_replace(body, path, lambda _old: _DELETE))
         else:
-            key, extra = draw(st.sampled_from(FIELD_NAMES)), draw(hostile_values)
+            key, extra = draw(st.sampled_from(names)), draw(hostile)
             body = _replace(body, path, lambda old, k=key, x=extra: {**old, k: x} if isinstance(old, dict) else old)
     return body
+
+
+# -- msgpack ------------------------------------------------------------------------------------
+
+# What msgpack can carry that JSON cannot: raw bytes, NaN and infinities, the full int64/uint64
+# range (nothing beyond), and non-string map keys.
+msgpack_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.sampled_from([n for n in EDGE_NUMBERS if not isinstance(n, int) or -(2**63) <= n < 2**64]),
+    st.floats(),
+    st.text(max_size=16),
+    st.sampled_from(EDGE_TEXT),
+    st.binary(max_size=70),
+)
+msgpack_hostile = st.one_of(
+    msgpack_scalars,
+    st.recursive(
+        msgpack_scalars,
+        lambda inner: (
+            st.lists(inner, max_size=5)
+            | st.dictionaries(st.text(max_size=10) | st.integers(-5, 5) | st.binary(max_size=4), inner, max_size=5)
+        ),
+        max_leaves=16,
+    ),
+    st.builds(Deep, st.integers(min_value=1, max_value=1100), st.booleans()),
+    st.builds(Deep, st.sampled_from([511, 512, 513, 1023, 1024, 1025, 2000]), st.booleans()),
+)
+
+
+def pack_msgpack(value: Any) -> bytes:
+    """msgpack for `value`, Deep values spelled out (the packer itself refuses deep nesting)."""
+    deep: list[Deep] = []
+
+    def swap(node: Any) -> Any:
+        if isinstance(node, Deep):
+            deep.append(node)
+            return f"\x01deep{len(deep) - 1}\x01"
+        if isinstance(node, dict):
+            return {k: swap(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [swap(v) for v in node]
+        return node
+
+    packed: bytes = msgpack.packb(swap(value), use_bin_type=True)
+    for i, node in enumerate(deep):
+        marker: bytes = msgpack.packb(f"\x01deep{i}\x01")
+        opening = b"\x81\xa1a" if node.as_object else b"\x91"
+        packed = packed.replace(marker, opening * node.depth + b"\x01")
+    return packed
+
+
+@st.composite
+def byte_mutations(draw: st.DrawFn, data: bytes) -> bytes:
+    """`data` truncated, with bits flipped, bytes inserted or a range deleted."""
+    how = draw(st.sampled_from(["truncate", "flip", "insert", "delete", "append"]))
+    if how == "truncate" or not data:
+        return data[: draw(st.integers(min_value=0, max_value=len(data)))]
+    at = draw(st.integers(min_value=0, max_value=len(data) - 1))
+    if how == "flip":
+        out = bytearray(data)
+        for _ in range(draw(st.integers(min_value=1, max_value=4))):
+            out[draw(st.integers(min_value=0, max_value=len(data) - 1))] ^= 1 << draw(st.integers(0, 7))
+        return bytes(out)
+    if how == "insert":
+        return data[:at] + draw(st.binary(min_size=1, max_size=9)) + data[at:]
+    if how == "delete":
+        return data[:at] + data[at + draw(st.integers(min_value=1, max_value=16)) :]
+    return data + draw(st.binary(min_size=1, max_size=9))
 
 
 # -- chunking -----------------------------------------------------------------------------------
