@@ -174,7 +174,9 @@ def _stamp(body: dict[str, Any], record: SseRecord) -> tuple[int, int] | None:
         return epoch, seq
     match = _STAMP_ID.fullmatch(record.id or "")
     if match:
-        return int(match[1]), int(match[2])
+        epoch, seq = int(match[1]), int(match[2])
+        if epoch < 1 << 64 and seq < 1 << 64:  # 20 digits reach past uint64: not our stamp then
+            return epoch, seq
     return None
 
 
