@@ -404,6 +404,7 @@ def raw_requests(draw: st.DrawFn) -> bytes:
 async def test_garbage_on_the_socket(rig: Rig, data: bytes) -> None:
     before = len(rig.upstream.reached)
     answer = await raw_exchange(rig, data)
+    event(f"answer {answer[:12]!r}")
     for head in answer.split(b"HTTP/1.1 ")[1:]:
         status = int(head[:3])
         assert status < 500, answer[:300]
