@@ -171,6 +171,7 @@ async def send(
         method, path, content=raw, headers=headers or {"content-type": "application/json"}
     )
     await response.aread()
+    path = response.request.url.path  # as sent: the client resolves dot segments
     reached = rig.upstream.reached[before:]
     event(f"HTTP {response.status_code}")
     assert response.status_code < 500, (response.status_code, response.text[:500])

@@ -112,9 +112,13 @@ def record_lines(records: list[list[Field]]) -> list[bytes]:
 
 @fuzz_settings(2.0)
 @given(records=kv_records, data=st.data())
-def test_kv_sse_parser_any_chunking_any_line_ends(records: list[list[Field]], data: st.DataObject) -> None:
-    stream = data.draw(written(record_lines(records)), label="stream")
-    chunks = data.draw(chunkings(stream), label="chunks")
+@example(records=[[Field("data", "a"), Field("data", "c")]], data=None).via("an empty chunk between CR and LF")
+def test_kv_sse_parser_any_chunking_any_line_ends(records: list[list[Field]], data: st.DataObject | None) -> None:
+    if data is None:
+        chunks = [b"data: a\r", b"", b"\ndata: c\n\n"]
+    else:
+        stream = data.draw(written(record_lines(records)), label="stream")
+        chunks = data.draw(chunkings(stream), label="chunks")
     assert feed_all(SseParser().feed, chunks) == expected_records(records)
 
 

@@ -84,6 +84,8 @@ class SseParser:
 
     def feed(self, chunk: bytes) -> list[SseRecord]:
         records: list[SseRecord] = []
+        if not chunk:  # an empty read must not forget that a CR may still get its LF
+            return records
         start = 0
         if self._skip_lf and chunk[:1] == b"\n":
             start = 1
