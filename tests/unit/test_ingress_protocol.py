@@ -105,6 +105,11 @@ def test_chat_rejects_with_param(body: dict[str, object], param: str) -> None:
         (Api.MESSAGES, {"model": "c", "max_tokens": 5, "messages": [{"role": "user"}]}, "messages.0.content"),
         (
             Api.MESSAGES,
+            {"model": "c", "max_tokens": 5, "messages": [{"role": ["user"], "content": "x"}]},
+            "messages.0.role",
+        ),
+        (
+            Api.MESSAGES,
             {
                 "model": "c",
                 "max_tokens": 5,
@@ -151,6 +156,24 @@ def test_sanity_bounds(api: Api, body: dict[str, object], param: str) -> None:
 def test_values_at_the_sanity_bounds_pass() -> None:
     parse_request(Api.CHAT, orjson.dumps({**CHAT, "n": 128, "max_tokens": 1 << 24, "top_logprobs": 20}))
     parse_request(Api.COMPLETIONS, orjson.dumps({"model": "m", "prompt": [0, (1 << 31) - 1]}))
+
+
+def _nested(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_json_nested_past_the_depth_bound_is_refused() -> None:
+    # The body object is level 1: 127 arrays inside it make 128 levels, the most allowed.
+    parse_request(Api.CHAT, orjson.dumps({**CHAT, "extra": _nested(127)}))
+    error = _bad(Api.CHAT, {**CHAT, "extra": _nested(128)})
+    assert (error.code, error.status) == ("invalid_json", 400) and "128 levels" in error.message
+    # Deeper than orjson writes (255) and than Python recurses: still a clean 400.
+    deep = b'{"model":"m","x":' + b"[" * 1000 + b"]" * 1000 + b"}"
+    with pytest.raises(InvalidRequest):
+        parse_request(Api.CHAT, deep)
 
 
 def test_unknown_fields_pass_through() -> None:

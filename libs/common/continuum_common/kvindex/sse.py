@@ -84,6 +84,8 @@ class SseParser:
 
     def feed(self, chunk: bytes) -> list[SseRecord]:
         records: list[SseRecord] = []
+        if not chunk:  # an empty read must not forget that a CR may still get its LF
+            return records
         start = 0
         if self._skip_lf and chunk[:1] == b"\n":
             start = 1
@@ -174,7 +176,9 @@ def _stamp(body: dict[str, Any], record: SseRecord) -> tuple[int, int] | None:
         return epoch, seq
     match = _STAMP_ID.fullmatch(record.id or "")
     if match:
-        return int(match[1]), int(match[2])
+        epoch, seq = int(match[1]), int(match[2])
+        if epoch < 1 << 64 and seq < 1 << 64:  # 20 digits reach past uint64: not our stamp then
+            return epoch, seq
     return None
 
 

@@ -110,6 +110,8 @@ def decode_batch(payload: bytes) -> KvBatch:
         batch = _decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise BatchDecodeError(f"undecodable batch: {exc}") from None
+    except RecursionError:  # msgspec skips an unknown field's value by recursing into it
+        raise BatchDecodeError("undecodable batch: nested too deeply") from None
     _validate(batch)
     return batch
 
@@ -154,5 +156,5 @@ def _peek_version(payload: bytes) -> int:
         if payload[:1] == b"{":
             return _peek_json.decode(payload).v
         return _peek.decode(payload).v
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         raise BatchDecodeError("undecodable payload") from None

@@ -126,6 +126,27 @@ MAX_CHOICES = 128  # OpenAI's own limit on `n`
 MAX_TOKENS = 1 << 24  # max_tokens and friends: 16,777,216
 MAX_TOKEN_ID = (1 << 31) - 1  # every vocabulary fits in a signed 32-bit id
 MAX_TOP_LOGPROBS = 20
+# JSON nesting: the parser reads 1024 levels, but re-encoding a rewritten body (orjson: 255) and
+# any recursive walk over it would fail far below that; no API request needs more than a few
+# dozen (deep tool schemas included).
+MAX_JSON_DEPTH = 128
+
+
+def nested_too_deep(raw: bytes, body: object, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when `body` nests arrays/objects more than `limit` levels (the body is level 1).
+    The bracket count of the raw bytes rules out almost every body before any walk."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    stack: list[tuple[object, int]] = [(body, 1)]
+    while stack:  # an explicit stack: the body may be deeper than Python's recursion limit
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 def opt_int(body: Mapping[str, Any], key: str, *, low: int | None = None, high: int | None = None) -> int | None:

@@ -18,10 +18,12 @@ from continuum_ingress.errors import InvalidRequest
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.checks import (
     MAX_CHOICES,
+    MAX_JSON_DEPTH,
     MAX_TOKENS,
     MAX_TOP_LOGPROBS,
     array_of_objects,
     missing,
+    nested_too_deep,
     opt_array,
     opt_bool,
     opt_int,
@@ -60,6 +62,10 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    if nested_too_deep(raw, body):
+        raise InvalidRequest(
+            f"The request body nests JSON more than {MAX_JSON_DEPTH} levels deep.", code="invalid_json"
+        )
     return body
 
 
@@ -214,6 +220,8 @@ def _anthropic_messages(body: dict[str, Any]) -> None:
         role = message.get("role")
         if role is None:
             raise missing(f"{where}.role")
+        if not isinstance(role, str):  # an array or object is not hashable: test it first
+            raise wrong_type(f"{where}.role", "a string", role)
         if role not in ANTHROPIC_ROLES:
             raise InvalidRequest(
                 f"Invalid value for '{where}.role': {role!r} is not 'user' or 'assistant'.", param=f"{where}.role"

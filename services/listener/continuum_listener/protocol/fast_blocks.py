@@ -109,7 +109,9 @@ def decode_into(payload: bytes, mapper: BlockMapper, out: EventBuilder, skipped:
         return None
     try:
         batch = _decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        # RecursionError: msgspec skips a nested value (an unused field) by recursing; the
+        # generic decoder refuses such a payload with a counted drop.
         return None
     tokens: list[int] = []
     for event in batch.events:

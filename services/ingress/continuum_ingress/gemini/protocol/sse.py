@@ -1,12 +1,13 @@
 """Server-sent events split into whole events, whatever the TCP chunking (Gemini separates events
-with CRLF CRLF, OpenAI-style servers with LF LF)."""
+with CRLF CRLF, OpenAI-style servers with LF LF; the SSE specification lets every line end be
+CR, LF or CRLF, mixed)."""
 
 from __future__ import annotations
 
 import re
 
-# "\r\n\r\n" first: at the same position it is the longer match ("\n\n" cannot start there).
-_SEPARATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+# An event ends at two line ends in a row. A lone CR is a line end only when no LF follows.
+_EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
 _LINE = re.compile(rb"\r\n|\n|\r")
 # One event larger than this is not a sane answer (bounded buffer).
 MAX_EVENT_BYTES = 16 * 1024 * 1024
@@ -14,6 +15,17 @@ MAX_EVENT_BYTES = 16 * 1024 * 1024
 
 class EventTooLarge(ValueError):
     """An SSE event grew past MAX_EVENT_BYTES without ending."""
+
+
+def _uniform_separator(buffer: bytes) -> bytes | None:
+    """The event separator when every line end in `buffer` is LF, or every one is CRLF; None
+    when they are mixed (or CR), which takes the general scan."""
+    crs = buffer.count(b"\r")
+    if not crs:
+        return b"\n\n"
+    if crs == buffer.count(b"\n") == buffer.count(b"\r\n"):
+        return b"\r\n\r\n"
+    return None
 
 
 class SseSplitter:
@@ -29,17 +41,22 @@ class SseSplitter:
         buffer = self._buffer + data if self._buffer else data
         events: list[bytes] = []
         start = 0
+        # A CR at the very end may be the first half of a CRLF: it waits for the next byte.
+        end = len(buffer) - 1 if buffer.endswith(b"\r") else len(buffer)
+        separator = _uniform_separator(buffer)
         while True:
-            # Three memchr-speed scans beat one regex alternation tried at every position.
-            end, width = -1, 0
-            for separator in _SEPARATORS:
-                at = buffer.find(separator, start)
-                if at >= 0 and (end < 0 or at < end):
-                    end, width = at, len(separator)
-            if end < 0:
-                break
-            events.append(buffer[start:end])
-            start = end + width
+            if separator:  # a memchr-speed scan: what every real server sends
+                at = buffer.find(separator, start, end)
+                if at < 0:
+                    break
+                events.append(buffer[start:at])
+                start = at + len(separator)
+            else:
+                match = _EVENT_END.search(buffer, start, end)
+                if match is None:
+                    break
+                events.append(buffer[start : match.start()])
+                start = match.end()
         self._buffer = buffer[start:]
         if len(self._buffer) > self._limit:
             self._buffer = b""
