@@ -175,3 +175,14 @@ async def test_the_per_client_connection_cap_is_429_and_frees_with_closes() -> N
             await asyncio.sleep(0.05)
         await still_serves(ing)  # room again
         assert (await rejections(ing))["client_connections"] == 1
+
+
+async def test_bytes_that_are_not_http_get_a_json_400() -> None:
+    async with edge_ingress() as ing:
+        reader, writer = await connect(ing)
+        writer.write(b"\x16\x03\x01 not http at all\r\n\r\n")
+        status, body = await answer(reader)
+        writer.close()
+        assert status == 400 and orjson.loads(body)["error"]["code"] == "invalid_http"
+        await still_serves(ing)
+        assert (await rejections(ing))["invalid_http"] == 1

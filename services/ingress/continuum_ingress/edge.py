@@ -39,9 +39,16 @@ from continuum_common.config.router import Server
 
 log = logging.getLogger(__name__)
 
-EDGE_REASONS = ("header_too_large", "header_timeout", "idle_timeout", "body_timeout", "client_connections")
+EDGE_REASONS = (
+    "header_too_large",
+    "header_timeout",
+    "idle_timeout",
+    "body_timeout",
+    "client_connections",
+    "invalid_http",
+)
 LINGER_S = 2.0  # how long a refused connection is drained before it is closed
-_STATUS_TEXT = {408: b"Request Timeout", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large"}
+_STATUS_TEXT = {400: b"Bad Request", 408: b"Request Timeout", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +177,12 @@ class EdgeProtocol(HttpToolsProtocol):
             self._body_seen = self.loop.time()
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(self._limits.body_timeout, self._on_body_timeout)
+
+    def send_400_response(self, msg: str) -> None:
+        """Bytes that are not HTTP/1.1: uvicorn's plain-text 400 becomes an error body like
+        every other refusal (and is counted)."""
+        if not self._refused:
+            self._refuse(400, "The request is not valid HTTP/1.1.", "invalid_http")
 
     # -- parser callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
