@@ -48,7 +48,12 @@ EDGE_REASONS = (
     "invalid_http",
 )
 LINGER_S = 2.0  # how long a refused connection is drained before it is closed
-_STATUS_TEXT = {400: b"Bad Request", 408: b"Request Timeout", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large"}
+_STATUS_TEXT = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large",
+}
 
 
 @dataclass(frozen=True, slots=True)
