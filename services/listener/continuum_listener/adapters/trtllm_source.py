@@ -25,6 +25,7 @@ from continuum_listener.pipeline import MAX_RANKS, SourcePipeline
 from continuum_listener.policy.sequence import EventIdTracker, IdAction
 from continuum_listener.protocol.trtllm import decode_body
 
+MAX_COUNTED_GAP = 1_000_000  # events counted as lost for one id gap at most
 log = logging.getLogger("continuum.listener.trtllm")
 SERVER_WAIT_S = 2.0
 MAX_BODY = 64 << 20
@@ -118,7 +119,9 @@ class TrtllmSource:
                 self.pipeline.drop("duplicate")
                 continue
             if action is IdAction.GAP and last is not None:
-                self.pipeline.drop("replay_lost", event.event_id - last - 1)
+                # An id that jumps by 2^53 is a broken publisher, not 2^53 lost events: the
+                # count is capped so one bad id cannot swamp the metric.
+                self.pipeline.drop("replay_lost", min(event.event_id - last - 1, MAX_COUNTED_GAP))
             if action in (IdAction.GAP, IdAction.RESET):
                 log.info("source %s rank %d: %s at event %d", self.backend, event.rank, action.value, event.event_id)
                 self.pipeline.reset_rank(event.rank)
