@@ -114,6 +114,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             asyncio.create_task(client(stack.router_port, w, deadline, result, args.max_tokens))
             for w in range(args.streams)
         ]
+        # Half-way memory: growth in the second half is what a leak looks like (the first half
+        # includes warm-up: pools, caches and buffers filling to their bounds).
+        await asyncio.sleep(args.seconds / 2)
+        mid_rss = stack.rss()
         await asyncio.gather(*workers)
         elapsed = time.monotonic() - began
         end_rss = stack.rss()
@@ -131,7 +135,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "duration_p50_s": round(percentile(result.durations, 0.5), 3),
         "duration_p99_s": round(percentile(result.durations, 0.99), 3),
         "rss_mib": {
-            name: [_mib(start_rss.get(name)), _mib(end_rss.get(name))] for name in sorted(set(start_rss) | set(end_rss))
+            name: [_mib(start_rss.get(name)), _mib(mid_rss.get(name)), _mib(end_rss.get(name))]
+            for name in sorted(set(start_rss) | set(end_rss))
         },
         "all_alive": all(alive.values()),
     }
@@ -147,7 +152,8 @@ def render(report: dict[str, Any]) -> str:
         f"({report['streams_per_s']}/s), {report['failed']} failed {report['failures'] or ''}",
         f"  error rate {report['error_rate']:.4%}; TTFT p50 {report['ttft_p50_ms']} ms, p99 {report['ttft_p99_ms']} ms; "
         f"stream p50 {report['duration_p50_s']} s, p99 {report['duration_p99_s']} s",
-        "  RSS (MiB, start -> end): " + ", ".join(f"{name} {a} -> {b}" for name, (a, b) in report["rss_mib"].items()),
+        "  RSS (MiB, start -> half-way -> end): "
+        + ", ".join(f"{name} {a} -> {m} -> {b}" for name, (a, m, b) in report["rss_mib"].items()),
         f"  every service still running: {report['all_alive']}",
     ]
     return "\n".join(lines)
