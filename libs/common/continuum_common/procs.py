@@ -193,13 +193,18 @@ class NatsServer(ManagedProcess):
         async def quiet(_exc: Exception) -> None:
             return None  # refusals are expected until the server listens; start() reports failure
 
-        nc = await nats.connect(
-            self.url,
-            connect_timeout=1,
-            max_reconnect_attempts=0,
-            allow_reconnect=False,
-            error_cb=quiet,
-            **self.probe,
+        # Bounded from outside too: nats-py keeps retrying a refused first connect, so a server
+        # that exited at start (a bad config) would otherwise hold this probe for ever.
+        nc = await asyncio.wait_for(
+            nats.connect(
+                self.url,
+                connect_timeout=1,
+                max_reconnect_attempts=0,
+                allow_reconnect=False,
+                error_cb=quiet,
+                **self.probe,
+            ),
+            2.0,
         )
         try:
             await nc.jetstream().account_info()

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from continuum_common.config.types import (
     Duration,
     HttpUrl,
+    InboxPrefix,
     KeyPrefix,
     NatsUrl,
     RedisUrl,
@@ -464,6 +465,9 @@ class Bus(Section):
     token_file: str | None = None
     creds_file: str | None = None
     tls: BusTls | None = None
+    # Prefix of this client's reply subjects (`_INBOX` when unset). A per-user prefix lets the
+    # server's permissions limit each user to reading its own replies.
+    inbox_prefix: InboxPrefix | None = None
     connect_timeout_ms: int = Field(2000, ge=1, le=600_000)
     request_timeout_ms: int = Field(1000, ge=1, le=600_000)
     stream: BusStream = BusStream()
