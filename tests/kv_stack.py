@@ -122,10 +122,12 @@ def ingress_config(
     *,
     bus: dict[str, Any] | None = None,
     redis_options: dict[str, Any] | None = None,
+    backend_options: dict[str, Any] | None = None,
     **kv: Any,
 ) -> dict[str, Any]:
+    backends = [{**b, "health_check_interval_ms": 200, **(backend_options or {})} for b in fleet.router_backends()]
     data: dict[str, Any] = {
-        "backends": [{**b, "health_check_interval_ms": 200} for b in fleet.router_backends()],
+        "backends": backends,
         "selection_strategy": "RoundRobin",
         "prefix_routing": {"enabled": True},
         "bus": {"embedded": False, "url": nats.url, **(bus or {})},
@@ -154,11 +156,13 @@ async def kv_stack(
     engine: EngineConfig | None = None,
     bus: dict[str, Any] | None = None,
     redis_options: dict[str, Any] | None = None,
+    backend_options: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     **kv: Any,
 ) -> AsyncIterator[KvStack]:
     """`bus` and `redis_options` add connection fields (TLS, credentials) to the `bus` of every
-    service and to the `redis` section; `extra` adds top-level sections to the router file."""
+    service and to the `redis` section, `backend_options` fields to every backend; `extra`
+    adds top-level sections to the router file."""
     monkeypatch.setenv(SECRET_ENV, SECRET)
     async with contextlib.AsyncExitStack() as stack:
         fleet = await stack.enter_async_context(SimFleet(engines, config=engine, time_scale=0.001))
@@ -178,7 +182,8 @@ async def kv_stack(
         )
         listener = await stack.enter_async_context(running(settings_from(listener_cfg)))
         await _wait(lambda: all(p.stats.connected for p in listener.pipelines.values()), "engines connected")
-        cfg = {**ingress_config(fleet, nats, redis, bus=bus, redis_options=redis_options, **kv), **(extra or {})}
+        options = {"bus": bus, "redis_options": redis_options, "backend_options": backend_options}
+        cfg = {**ingress_config(fleet, nats, redis, **options, **kv), **(extra or {})}
         index: KvIndex
         if redis is not None:
             indexer = IndexerApp(indexer_settings(router_config(cfg)))
