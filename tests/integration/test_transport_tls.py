@@ -69,7 +69,9 @@ class Servers:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def servers(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Servers]:
     pki = make_pki(tmp_path_factory.mktemp("pki"))
-    acl = ["--user", REDIS_USER, "on", f">{REDIS_PASSWORD}", "~*", "&*", "+@all", "--user", "default", "off"]
+    # The ACL docs/operations.md recommends: the services' keys only, no dangerous commands.
+    acl = ["--user", REDIS_USER, "on", f">{REDIS_PASSWORD}", "~cr:*", "&*", "+@all", "-@dangerous"]
+    acl += ["--user", "default", "off"]
     redis = RedisServer(
         tls=pki.server(),
         extra_args=acl,
@@ -123,15 +125,15 @@ async def _redis_error(cfg: Redis) -> BaseException:
 async def test_redis_over_tls_with_an_acl_user(servers: Servers) -> None:
     client = make_redis(_redis(servers))
     try:
-        assert await client.set("tls:probe", b"v")
-        assert await client.get("tls:probe") == b"v"
+        assert await client.set("cr:tls-probe", b"v")
+        assert await client.get("cr:tls-probe") == b"v"
         assert await client.execute_command("ACL", "WHOAMI") == REDIS_USER.encode()  # type: ignore[no-untyped-call]
     finally:
         await client.aclose()
     # The same over a rediss:// url with the files in `tls`.
     client = make_redis(_redis(servers, url=servers.redis.url))
     try:
-        assert await client.get("tls:probe") == b"v"
+        assert await client.get("cr:tls-probe") == b"v"
     finally:
         await client.aclose()
 
@@ -215,7 +217,7 @@ async def test_kv_path_and_response_cache_over_tls(servers: Servers, monkeypatch
         raw = servers.raw_redis()
         try:
             async with asyncio.timeout(5):
-                while not await raw.keys("cr:resp:*"):
+                while not [k async for k in raw.scan_iter(match="cr:resp:*")]:
                     await asyncio.sleep(0.02)
         finally:
             await raw.aclose()
@@ -245,6 +247,6 @@ async def test_gemini_context_cache_over_tls(servers: Servers) -> None:
         assert fake.count(Op.CREATE) == 1
         raw = servers.raw_redis()
         try:
-            assert await raw.keys("cr:gem:*")
+            assert [k async for k in raw.scan_iter(match="cr:gem:*")]
         finally:
             await raw.aclose()
