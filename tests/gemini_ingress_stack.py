@@ -30,16 +30,18 @@ def stack_config(
     *,
     redis_url: str | None = None,
     enabled: bool = True,
+    bus: dict[str, Any] | None = None,
+    redis_options: dict[str, Any] | None = None,
     **cache: Any,
 ) -> dict[str, Any]:
     data: dict[str, Any] = {
         "backends": [{"name": "gem-a", "url": fake_url, "type": "gemini", "models": [MODEL], "api_key_env": KEY_ENV}],
         "gemini_context_cache": {"enabled": enabled, "lookup_memo_ms": 0, **cache},
-        "bus": {"embedded": False, "url": nats_url},
+        "bus": {"embedded": False, "url": nats_url, **(bus or {})},
         "admin": {"token_env": ADMIN_ENV},
     }
     if redis_url is not None:
-        data["redis"] = {"url": redis_url}
+        data["redis"] = {"url": redis_url, **(redis_options or {})}
     return data
 
 
@@ -112,9 +114,11 @@ async def gemini_stack(
     *,
     redis_url: str | None = None,
     with_service: bool = True,
+    bus: dict[str, Any] | None = None,
+    redis_options: dict[str, Any] | None = None,
     **cache: Any,
 ) -> AsyncIterator[GeminiStack]:
-    config = stack_config(fake.url, nats_url, redis_url=redis_url, **cache)
+    config = stack_config(fake.url, nats_url, redis_url=redis_url, bus=bus, redis_options=redis_options, **cache)
     stack: GeminiStack | None = None
     # The service subscribes before the ingress connects (so its first lookups find it).
     service = None

@@ -115,12 +115,22 @@ class KvStack:
         )
 
 
-def ingress_config(fleet: SimFleet, nats: NatsServer, redis: RedisServer | None, **kv: Any) -> dict[str, Any]:
+def ingress_config(
+    fleet: SimFleet,
+    nats: NatsServer,
+    redis: RedisServer | None,
+    *,
+    bus: dict[str, Any] | None = None,
+    redis_options: dict[str, Any] | None = None,
+    backend_options: dict[str, Any] | None = None,
+    **kv: Any,
+) -> dict[str, Any]:
+    backends = [{**b, "health_check_interval_ms": 200, **(backend_options or {})} for b in fleet.router_backends()]
     data: dict[str, Any] = {
-        "backends": [{**b, "health_check_interval_ms": 200} for b in fleet.router_backends()],
+        "backends": backends,
         "selection_strategy": "RoundRobin",
         "prefix_routing": {"enabled": True},
-        "bus": {"embedded": False, "url": nats.url},
+        "bus": {"embedded": False, "url": nats.url, **(bus or {})},
         "kv_cache_index": {
             "enabled": True,
             "backend": "redis" if redis is not None else "memory",
@@ -132,7 +142,7 @@ def ingress_config(fleet: SimFleet, nats: NatsServer, redis: RedisServer | None,
         },
     }
     if redis is not None:
-        data["redis"] = {"url": redis.url}
+        data["redis"] = {"url": redis.url, **(redis_options or {})}
     return data
 
 
@@ -144,8 +154,15 @@ async def kv_stack(
     *,
     engines: int = 3,
     engine: EngineConfig | None = None,
+    bus: dict[str, Any] | None = None,
+    redis_options: dict[str, Any] | None = None,
+    backend_options: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
     **kv: Any,
 ) -> AsyncIterator[KvStack]:
+    """`bus` and `redis_options` add connection fields (TLS, credentials) to the `bus` of every
+    service and to the `redis` section, `backend_options` fields to every backend; `extra`
+    adds top-level sections to the router file."""
     monkeypatch.setenv(SECRET_ENV, SECRET)
     async with contextlib.AsyncExitStack() as stack:
         fleet = await stack.enter_async_context(SimFleet(engines, config=engine, time_scale=0.001))
@@ -157,7 +174,7 @@ async def kv_stack(
         listener_cfg = ListenerConfig.model_validate(
             {
                 "listen": "127.0.0.1:0",
-                "bus": {"embedded": False, "url": nats.url},
+                "bus": {"embedded": False, "url": nats.url, **(bus or {})},
                 "salt": {"secret_env": SECRET_ENV},
                 "limits": {"coalesce_window_ms": 10},
                 "sources": sources,
@@ -165,7 +182,8 @@ async def kv_stack(
         )
         listener = await stack.enter_async_context(running(settings_from(listener_cfg)))
         await _wait(lambda: all(p.stats.connected for p in listener.pipelines.values()), "engines connected")
-        cfg = ingress_config(fleet, nats, redis, **kv)
+        options = {"bus": bus, "redis_options": redis_options, "backend_options": backend_options}
+        cfg = {**ingress_config(fleet, nats, redis, **options, **kv), **(extra or {})}
         index: KvIndex
         if redis is not None:
             indexer = IndexerApp(indexer_settings(router_config(cfg)))

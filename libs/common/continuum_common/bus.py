@@ -52,6 +52,8 @@ def connect_options(cfg: Bus, *, url: str | None = None, name: str) -> dict[str,
         options["token"] = token
     if cfg.creds_file:
         options["user_credentials"] = cfg.creds_file
+    if cfg.inbox_prefix:
+        options["inbox_prefix"] = cfg.inbox_prefix
     ctx = tls_context(cfg)
     if ctx is not None:
         options["tls"] = ctx
@@ -69,6 +71,12 @@ async def connect(
     on_reconnect: Callback | None = None,
 ) -> NatsClient:
     async def _error(exc: Exception) -> None:
+        text = str(exc)
+        if "permissions violation" in text:
+            # The server names the subject (no payload, no secret): the operator needs it to
+            # tell a listener publishing for a backend it does not own from a missing grant.
+            log.warning("nats error: %s", text.removeprefix("nats: "))
+            return
         log.warning("nats error: %s", type(exc).__name__)
 
     async def _noop() -> None:

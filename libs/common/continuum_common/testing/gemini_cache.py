@@ -131,8 +131,8 @@ class GeminiBusClient:
         return DropReply.from_bytes(msg.data)
 
     async def usage(self, report: UsageReport) -> None:
-        await self.nc.publish(SUBJECT_USAGE, report.to_bytes())
-        await self.nc.flush()
+        """Send a report and wait for the service's acknowledgement."""
+        await self.request(SUBJECT_USAGE, report.to_bytes(), timeout=2)
 
     async def stats(self) -> dict[str, Any]:
         msg = await self.request(SUBJECT_ADMIN_STATS, b"{}", timeout=ADMIN_TIMEOUT_S)

@@ -162,12 +162,15 @@ class BusAdapter:
         self._spawn(run())
 
     async def _on_usage(self, msg: Msg) -> None:
+        # The acknowledgement tells the ingress its report arrived; a malformed one is counted
+        # here and acknowledged too (resending it would not make it readable).
         try:
             report = UsageReport.from_bytes(msg.data)
         except GeminiProtocolError as exc:
             self._bad(msg, exc)
-            return
-        self._service.record_usage(report)
+        else:
+            self._service.record_usage(report)
+        await self._respond(msg, b"{}")
 
     async def _on_stats(self, msg: Msg) -> None:
         async def run() -> None:

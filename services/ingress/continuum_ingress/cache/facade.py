@@ -316,6 +316,7 @@ class ResponseCache:
         return {
             "connections": connections or {"active": 0, "idle": 0},
             "fallback_active": store.fallback_active,
+            "fallback_episodes": store.switches,
             "mode": store.mode,
             "fallback_entries": len(store.memory),
             "errors": {str(k): v for k, v in errors.items()} or {"connection": 0, "timeout": 0, "other": 0},

@@ -115,6 +115,7 @@ class FallbackCacheStore:
         self._switches += 1
         if self._metrics is not None:
             self._metrics.fallback_active.set(1)
+            self._metrics.fallback_episodes.inc()
         log.warning(
             "response cache: shared store %s failed (%s during %s); %s until it answers again",
             self.backend,

@@ -2,9 +2,10 @@
 
 Names and labels are the seed's: `continuum_response_cache_requests_total{result}` with
 result ∈ {hit, miss, skip}, `continuum_cache_redis_latency_seconds{operation}`,
-`continuum_cache_redis_errors_total` and `continuum_cache_fallback_active`. The embedding
-failure counter is Continuum's addition (the seed has no semantic-cache metric); its label
-values are a fixed allow-list too.
+`continuum_cache_redis_errors_total` and `continuum_cache_fallback_active`. The fallback
+episode counter and the embedding failure counter are Continuum's additions (the gauge alone
+misses an episode shorter than a scrape; the seed has no semantic-cache metric); label values
+are a fixed allow-list too.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class CacheMetrics:
         self.fallback_active = Gauge(
             "continuum_cache_fallback_active",
             "1 while Redis is unreachable and the response cache serves from its in-memory fallback (or bypasses)",
+            registry=registry,
+        )
+        self.fallback_episodes = Counter(
+            "continuum_cache_fallback_episodes_total",
+            "Times the response cache switched from Redis to its in-memory fallback (or bypass)",
             registry=registry,
         )
         self.embedding_failures = Counter(

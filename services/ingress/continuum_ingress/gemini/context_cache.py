@@ -15,8 +15,9 @@ stale-reference resend (a RejectionHandler): when Google rejects the reference (
 400 about the CachedContent: `gemini_api.is_stale_cache_reference`), the forwarder resends the
 original body once, and a drop is published for the entry.
 
-Outcomes and cached tokens go to a UsageAccumulator published on `continuum.gemini.usage` every
-`usage_interval_s`, and to this ingress's metrics.
+Outcomes and cached tokens go to a UsageAccumulator sent on `continuum.gemini.usage` every
+`usage_interval_s` (acknowledged by the service; a lost report is counted), and to this
+ingress's metrics.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from continuum_common.gemini_api import is_stale_cache_reference
 from continuum_common.gemini_protocol import (
     SUBJECT_DROP,
     SUBJECT_ENSURE,
-    SUBJECT_USAGE,
     DropRequest,
     EnsureRequest,
     LookupReply,
@@ -123,18 +123,20 @@ class GeminiContextCache:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self.publish_usage()
+        await self.publish_usage()
         await self.bus.aclose()
 
     async def _usage_loop(self) -> None:
         while True:
             await asyncio.sleep(self._usage_interval)
-            self.publish_usage()
+            await self.publish_usage()
 
-    def publish_usage(self) -> None:
+    async def publish_usage(self) -> None:
+        """Send what was counted since the last report (a lost report is counted by the bus)."""
         report = self.usage.drain()
-        if report is not None and self.bus.publish(SUBJECT_USAGE, report.to_bytes(), "usage"):
+        if report is not None:
             self.metrics.messages.labels("usage").inc()
+            await self.bus.send_usage(report)
 
     # ------------------------------------------------------------------ BodyRewriter
 
@@ -253,7 +255,7 @@ class GeminiContextCache:
     # ------------------------------------------------------------------ admin
 
     async def stats(self) -> dict[str, Any]:
-        self.publish_usage()  # so the answer includes this replica's latest request counts
+        await self.publish_usage()  # so the answer includes this replica's latest request counts
         stats = await self.bus.stats()
         stats["ingress"] = {"memo_entries": len(self.memo), "bus_connected": self.bus.connected}
         return stats

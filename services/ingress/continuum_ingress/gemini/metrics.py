@@ -13,7 +13,7 @@ from continuum_common.gemini_protocol import RequestOutcome
 
 P = "continuum_ingress_gemini_context_cache_"
 LOOKUP_FAILURES = ("timeout", "no_responders", "not_connected", "bad_reply", "overloaded", "error")
-DROP_REASONS = ("not_connected", "too_large", "queue_full", "publish_failed")
+DROP_REASONS = ("not_connected", "too_large", "queue_full", "publish_failed", "no_responders", "timeout")
 MESSAGE_KINDS = ("ensure", "drop", "usage")
 
 
@@ -57,10 +57,17 @@ class GeminiMetrics:
         )
         self.messages = Counter(P + "messages", "Messages queued for the bus", ["kind"], registry=registry)
         self._dropped = Counter(P + "dropped", "Bus messages dropped", ["kind", "reason"], registry=registry)
+        self.usage_lost_requests = Counter(
+            P + "usage_lost_requests",
+            "Requests whose outcomes were in a usage report the gemini-cache service never acknowledged",
+            registry=registry,
+        )
         for reason in LOOKUP_FAILURES:
             self.lookup_failures.labels(reason)
         for kind in MESSAGE_KINDS:
             self.messages.labels(kind)
+        for reason in DROP_REASONS:  # usage losses are what an operator alerts on
+            self._dropped.labels("usage", reason)
 
     def outcome(self, backend: str, outcome: RequestOutcome) -> None:
         self.requests.labels(backend, outcome.value).inc()

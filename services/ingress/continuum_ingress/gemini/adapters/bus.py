@@ -3,8 +3,13 @@
 * `lookup`: request/reply with the configured short timeout; a timeout, "no responders", a
   closed connection or a malformed reply is `None` (the caller treats it as a miss), counted by
   reason.
-* `ensure`, `drop`, `usage`: fire-and-forget publishes through one bounded queue drained by one
-  task, so the request path never waits on the bus; a full queue is a counted drop.
+* `ensure`, `drop`: fire-and-forget publishes through one bounded queue drained by one task, so
+  the request path never waits on the bus; a full queue is a counted drop.
+* `send_usage`: the usage report (about one a second, from the context cache's own task) as a
+  request the service acknowledges. A report nobody acknowledged - no gemini-cache service
+  running ("no responders"), no answer in time, NATS down - is counted as dropped with its
+  reason, and the requests it carried in `usage_lost_requests`, because the fleet-wide counts in
+  the service's stats will lack them.
 * `stats`, `clear`: admin request/reply (ADMIN_TIMEOUT_S).
 
 The connection is opened in `start()` (bounded by `bus.connect_timeout_ms`); when NATS is not
@@ -30,10 +35,12 @@ from continuum_common.gemini_protocol import (
     SUBJECT_ADMIN_CLEAR,
     SUBJECT_ADMIN_STATS,
     SUBJECT_LOOKUP,
+    SUBJECT_USAGE,
     ClearReply,
     GeminiProtocolError,
     LookupReply,
     LookupRequest,
+    UsageReport,
     decode_stats,
 )
 from continuum_ingress.gemini.errors import GeminiIngressError
@@ -45,6 +52,10 @@ PUBLISH_QUEUE = 4096
 RECONNECT_INTERVAL_S = 2.0
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 CLIENT_NAME = "continuum-ingress-gemini"
+# "No responders" can be a moment's gap in interest while a service (re)subscribes: a report
+# nobody received is safe to send again, so it is, this many times, before it counts as lost.
+USAGE_ATTEMPTS = 3
+USAGE_RETRY_S = 0.02
 
 
 class ServiceUnavailable(GeminiIngressError):
@@ -178,6 +189,42 @@ class GeminiBus:
         if self._nc is not None and self._nc.is_connected:
             with contextlib.suppress(Exception):
                 await self._nc.flush(timeout=2)
+
+    async def send_usage(self, report: UsageReport) -> bool:
+        """Send one usage report and wait for the acknowledgement (at most
+        `bus.request_timeout_ms`); False, with the loss counted, when none came."""
+        # Stays "timeout" if shutdown cancels the wait: nobody will send this report again.
+        reason: str | None = "timeout"
+        try:
+            reason = await self._deliver_usage(report.to_bytes())
+        finally:
+            if reason is not None:
+                self._metrics.dropped("usage", reason)
+                self._metrics.usage_lost_requests.inc(report.requests())
+        return reason is None
+
+    async def _deliver_usage(self, data: bytes) -> str | None:
+        """None once acknowledged, else why the report is lost."""
+        reason = "not_connected"
+        for attempt in range(USAGE_ATTEMPTS):
+            nc = self._nc
+            if nc is None or not nc.is_connected:
+                return "not_connected"
+            if len(data) > self.max_payload:
+                return "too_large"
+            try:
+                await nc.request(SUBJECT_USAGE, data, timeout=self._cfg.request_timeout_ms / 1000)
+                return None
+            except nats.errors.NoRespondersError:
+                reason = "no_responders"
+                if attempt + 1 < USAGE_ATTEMPTS:
+                    await asyncio.sleep(USAGE_RETRY_S)
+            except TimeoutError:
+                return "timeout"  # it may have been counted: not sent again
+            except Exception as exc:  # closed or draining connection
+                log.debug("gemini-cache usage report failed: %s", type(exc).__name__)
+                return "publish_failed"
+        return reason
 
     # ------------------------------------------------------------------ admin
 
