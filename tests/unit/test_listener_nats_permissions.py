@@ -21,10 +21,11 @@ def test_permissions_name_only_the_listeners_backends() -> None:
         "$KV.continuum_listeners.a2",
     ]
     assert not any(">" in p or "*" in p for p in perms.publish)  # no wildcard grant at all
-    assert perms.subscribe == ("_INBOX_a.>",)
+    # its replies, and the resync requests of its own backends only
+    assert perms.subscribe == ("_INBOX_a.>", "continuum.kv.resync.a1", "continuum.kv.resync.a2")
     assert "$JS.API.STREAM.CREATE.CONTINUUM_KV" in perms.publish
     assert not any("CREATE" in p for p in listener_permissions(["a1"], may_create=False).publish)
-    assert listener_permissions(["a1"]).subscribe == ("_INBOX.>",)
+    assert listener_permissions(["a1"]).subscribe == ("_INBOX.>", "continuum.kv.resync.a1")
     with pytest.raises(ValueError, match="no sources"):
         listener_permissions([])
 

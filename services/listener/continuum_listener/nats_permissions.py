@@ -2,8 +2,8 @@
 
 A listener publishes the events of its own backends on `continuum.kv.events.<backend>` and
 their heartbeats under `$KV.continuum_listeners.<backend>`, makes the few JetStream API calls it
-uses (look up, and if missing create, stream CONTINUUM_KV and the heartbeat bucket), and reads
-its replies. Given to the listener's NATS user, these permissions mean a listener - or anyone
+uses (look up, and if missing create, stream CONTINUUM_KV and the heartbeat bucket), reads
+its replies and the resync requests for its own backends. Given to the listener's NATS user, these permissions mean a listener - or anyone
 holding its credentials - cannot announce a backend it does not own, nor read the event stream.
 
 `continuum-kv-listener --config FILE --print-nats-user NAME` prints the nats.conf user entry for
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from continuum_common.config.listener import ListenerConfig
 from continuum_common.events import LISTENERS_BUCKET, STREAM_NAME, subject_for
+from continuum_common.wire.resync import subject_for as resync_subject
 
 DEFAULT_INBOX_PREFIX = "_INBOX"
 _VAR_RE = re.compile(r"[^A-Za-z0-9_]")
@@ -44,7 +45,9 @@ def listener_permissions(
         *(f"$KV.{LISTENERS_BUCKET}.{b}" for b in backends),
         *js_api,
     )
-    return ListenerPermissions(publish, (f"{inbox_prefix or DEFAULT_INBOX_PREFIX}.>",))
+    # Its own replies, and resync requests for its own backends (continuum_common.wire.resync).
+    subscribe = (f"{inbox_prefix or DEFAULT_INBOX_PREFIX}.>", *(resync_subject(b) for b in backends))
+    return ListenerPermissions(publish, subscribe)
 
 
 def password_variable(user: str) -> str:
