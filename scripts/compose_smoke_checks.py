@@ -58,10 +58,17 @@ def jetstream_ok(stack: Stack) -> tuple[bool, str]:
             ok = False
             parts.append(f"{name}: {state['error']}")
             continue
+        # current, online, and heard from within two of the leader's 1 s heartbeats
         current = [f["name"] for f in state["followers"] if f["current"] and not f["offline"] and f["active"] < 2.5]
+        behind = [
+            f"{f['name']}(current={f['current']}, offline={f['offline']}, active={f['active']:.1f}s)"
+            for f in state["followers"]
+            if f["name"] not in current
+        ]
         whole = state["replicas"] == 3 and state["leader"] and len(current) == 2
         ok = ok and bool(whole)
         parts.append(f"{name} R{state['replicas']} leader={state['leader']} current followers={current}")
+        parts += [f"{name} behind: {behind}"] if behind else []
     beats = probe.get("heartbeats", [])
     ok = ok and sorted(beats) == sorted(BACKENDS)
     parts.append(f"heartbeats={beats or probe.get('heartbeats_error')}")

@@ -145,6 +145,8 @@ def test_nats_servers_take_their_name_from_the_config_file() -> None:
     environment into nats.conf instead."""
     nats_conf = (COMPOSE / "config" / "nats.conf").read_text()
     assert "server_name: $NATS_SERVER_NAME" in nats_conf
+    # routes and clients use names, not the container addresses that change on restart
+    assert "advertise: $NATS_SERVER_NAME" in nats_conf and "no_advertise: true" in nats_conf
     names = []
     for name in ("nats-1", "nats-2", "nats-3"):
         service = compose()["services"][name]
