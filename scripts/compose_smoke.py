@@ -93,7 +93,9 @@ class Smoke:
         """SIGKILL the main process of one container, as the kernel's OOM killer would: the
         restart policy brings it back. On an engine whose processes are not visible here
         (a remote engine, Docker Desktop), `docker kill` + `docker start` instead."""
-        victim = next(c for c in self.stack.containers(service) if c.running)
+        victim = next((c for c in self.stack.containers(service) if c.running), None)
+        if victim is None:
+            return False, f"no running {service} container to crash"
         started = time.monotonic()
         if victim.pid > 0 and Path(f"/proc/{victim.pid}").exists():
             os.kill(victim.pid, signal.SIGKILL)
@@ -119,7 +121,10 @@ class Smoke:
         again, as an operator would."""
         name = f"docker kill {service}"
         started = time.monotonic()
-        victim = next(c for c in self.stack.containers(service) if c.running)
+        victim = next((c for c in self.stack.containers(service) if c.running), None)
+        if victim is None:
+            self.report.add(f"{name}: traffic flows while down", False, f"no running {service} container", 0.0)
+            return
         killed = self.stack.docker("kill", victim.id).returncode == 0
         flow = flows(self.http_port, self.deadline)
         down = not any(c.running for c in self.stack.containers(service) if c.id == victim.id)
