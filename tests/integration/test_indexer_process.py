@@ -100,6 +100,50 @@ async def test_killed_process_restarts_and_loses_nothing(
         await index.close()
 
 
+async def test_refused_stream_create_is_retried_until_the_stream_exists(
+    tmp_path: Path, nats_server: NatsServer, redis_server: RedisServer
+) -> None:
+    """A stream the servers refuse to create (here 3 replicas on one server; in a cluster, one
+    still electing its leaders) keeps the indexer up and not ready, retrying with backoff, as the
+    listener does; once the stream exists it binds and indexes."""
+    events = make_stream(random.Random(13), backends=("a", "b"), prefixes=PREFIXES, count=300)
+    config = write_config(tmp_path / "router.yaml", nats_server.url, redis_server.url)
+    data = yaml.safe_load(config.read_text())
+    data["bus"]["stream"] = {"replicas": 3}
+    config.write_text(yaml.safe_dump(data))
+    port = free_port()
+    log = tmp_path / "indexer.log"
+    with log.open("wb") as stderr:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "continuum_indexer", "--config", str(config), "--listen", f"127.0.0.1:{port}",
+            stdout=asyncio.subprocess.DEVNULL, stderr=stderr,
+            env={**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING"},
+        )  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=1) as client:
+            async with asyncio.timeout(20):
+                while log.read_text().count("cannot bind consumer") < 3:
+                    assert proc.returncode is None, f"indexer exited: {log.read_text()[-2000:]}"
+                    await asyncio.sleep(0.05)
+            refused = await client.get("/healthz")
+            assert proc.returncode is None
+            await ensure_stream(nats_server.url)  # as an operator (or a listener) would
+            await publish(nats_server.url, events, dedupe=True)
+            await wait_drained(nats_server.url, timeout=30)
+            healthy = await client.get("/healthz")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        stopped = await asyncio.wait_for(proc.wait(), 15)
+    assert refused.status_code == 503 and refused.json()["consumer_bound"] is False
+    assert healthy.status_code == 200 and healthy.json()["consumer_bound"] is True
+    assert stopped == 0
+    index = reader(redis_server.url)
+    try:
+        assert await snapshot(index, PREFIXES) == expected(events)
+    finally:
+        await index.close()
+
+
 async def test_cli_refuses_configs_it_cannot_serve(tmp_path: Path) -> None:
     memory = tmp_path / "memory.yaml"
     memory.write_text(yaml.safe_dump({"kv_cache_index": {"enabled": True, "backend": "memory"}}))

@@ -13,7 +13,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
-from continuum_common.bus import connect, ensure_kv_stream
+from continuum_common.bus import connect
 from continuum_common.kvindex import BlockIndexStore, KvIndexStore, open_block_index, open_kv_index
 from continuum_common.redis_client import RedisClient, make_redis
 from continuum_common.tracing import Tracing
@@ -78,7 +78,9 @@ class IndexerApp:
         self.nc = await connect(cfg.bus, name="continuum-indexer", url=self.settings.nats_url)
         responder: AdminResponder | None = None
         try:
-            await ensure_kv_stream(self.nc.jetstream(), cfg.bus)
+            # The consumer makes sure stream CONTINUUM_KV exists before each bind and retries
+            # with backoff while it cannot (a NATS cluster still electing its leaders, a stream
+            # limit the servers refuse): /healthz reports not ready meanwhile, the process stays.
             self.feeds = IndexFeeds(self.settings, self.index, self.nc, self.metrics, self.blocks, tracing=self.tracing)
             responder = AdminResponder(self.nc, cfg.kv_cache_index, self.index, self.feeds, self.metrics)
             await responder.start()

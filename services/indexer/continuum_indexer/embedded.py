@@ -20,7 +20,6 @@ from __future__ import annotations
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 
-from continuum_common.bus import ensure_kv_stream
 from continuum_common.config.router import RouterConfig
 from continuum_common.kvindex import InMemoryBlockIndex, InMemoryKvIndex
 from continuum_indexer.config import ConsumerSettings, IndexerSettings
@@ -52,7 +51,7 @@ class EmbeddedKvIndex:
         self.feeds = IndexFeeds(self.settings, self.index, nc, self.metrics, self.blocks)
 
     async def run(self) -> None:
-        await ensure_kv_stream(self.nc.jetstream(), self.config.bus)
+        # the consumer ensures the stream before it binds, retrying with backoff
         await self.feeds.run()
 
     def stop(self) -> None:

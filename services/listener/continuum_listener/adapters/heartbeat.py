@@ -2,7 +2,9 @@
 
 Key = backend name; value = JSON `{backend, listener, connected, events_received,
 events_dropped, last_event_at, reconnects, block_size_mismatches, source_epoch, ts}`. The bucket
-is created with a TTL of several intervals, so the entry of a listener that died disappears.
+is created with a TTL of several intervals, so the entry of a listener that died disappears, and
+with the replica count of the event stream (`bus.stream.replicas`), so it survives the loss of a
+NATS node as the stream does.
 """
 
 from __future__ import annotations
@@ -60,7 +62,13 @@ class Heartbeat:
         try:
             return await js.key_value(LISTENERS_BUCKET)
         except BucketNotFoundError:
-            return await js.create_key_value(KeyValueConfig(bucket=LISTENERS_BUCKET, ttl=self.interval * 6, history=1))
+            config = KeyValueConfig(
+                bucket=LISTENERS_BUCKET,
+                ttl=self.interval * 6,
+                history=1,
+                replicas=self.publisher.cfg.stream.replicas,
+            )
+            return await js.create_key_value(config)
 
     async def beat(self) -> None:
         if self._kv is None:
