@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 from continuum_common.config import Backend
 from continuum_common.procs import NatsServer
 from continuum_common.wire.loads import SUBJECT_PREFIX, BackendLoad, LoadReport, encode_load_report
+from continuum_ingress.adapters.load_nats import NatsLoadTransport
 from continuum_ingress.adapters.load_share import LoadShare
-from continuum_ingress.metrics import LoadShareMetrics
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.testing.upstream import running_stubs
 from tests.integration.test_kv_selector_ingress import ingresses, kv_config, sample
@@ -31,13 +31,14 @@ class Replica:
         self.pool = BackendPool()
         self.pool.sync([Backend(name=b, url=f"http://127.0.0.1:1/{b}", models=["m"]) for b in BACKENDS])
         self.registry = CollectorRegistry()
+        self.nc = nc
         self.share = LoadShare(
-            nc,
             name,
             self.pool,
+            [NatsLoadTransport(nc, name)],
             interval_s=0.05,
             stale_after_s=stale_after_s,
-            metrics=LoadShareMetrics(self.registry, lambda: float(len(self.share.table))),
+            registry=self.registry,
         )
 
     def state(self, backend: str) -> tuple[int, int]:
@@ -107,7 +108,7 @@ async def test_a_stopping_replica_is_dropped_at_once_and_a_silent_one_at_the_bou
         # four goes silent without a final report (a crash): its load counts until the bound
         loop = asyncio.get_running_loop()
         started = loop.time()
-        await four.share.nc.close()
+        await four.nc.close()
         await eventually(lambda: five.state("ls-b")[0] == 0, timeout=6.0)
         assert loop.time() - started >= 1.5
         assert five.sample("continuum_ingress_load_peers_expired_total") >= 1
@@ -169,6 +170,6 @@ async def test_load_sharing_can_be_turned_off(nats_server: NatsServer) -> None:
     async with running_stubs("a", "b") as stubs:
         cfg = kv_config(stubs, nats_server.url, load_sharing={"enabled": False})
         async with ingresses(cfg, 2) as [(ing_a, _), (ing_b, _)]:
-            assert ing_a.app.kv is not None and ing_a.app.kv.load_share is None
+            assert ing_a.app.kv is not None and ing_a.app.kv.load_share is None and ing_a.app.load_share is None
             await asyncio.sleep(0.3)
             assert sample(ing_b, "continuum_ingress_load_reports_total", direction="received") == 0
