@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+import httpx
 import nats
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
@@ -20,6 +21,7 @@ from continuum_common.wire.loads import SUBJECT_PREFIX, BackendLoad, LoadReport,
 from continuum_ingress.adapters.load_nats import NatsLoadTransport
 from continuum_ingress.adapters.load_share import LoadShare
 from continuum_ingress.pool import BackendPool
+from continuum_ingress.testing.harness import running_ingress, stub_backends
 from continuum_ingress.testing.upstream import running_stubs
 from tests.integration.test_kv_selector_ingress import ingresses, kv_config, sample
 
@@ -173,3 +175,34 @@ async def test_load_sharing_can_be_turned_off(nats_server: NatsServer) -> None:
             assert ing_a.app.kv is not None and ing_a.app.kv.load_share is None and ing_a.app.load_share is None
             await asyncio.sleep(0.3)
             assert sample(ing_b, "continuum_ingress_load_reports_total", direction="received") == 0
+
+
+async def test_replicas_share_load_over_nats_without_kv_routing(nats_server: NatsServer) -> None:
+    """`load_sharing.bus: always`: two plain ingress apps (no KV routing) each open a NATS
+    connection of their own for the load view; a plain one (`auto`) has no view at all."""
+    async with running_stubs("a", "b") as stubs, AsyncExitStack() as stack:
+        for s in stubs:
+            s.stub.hold = asyncio.Event()
+        base = {
+            "backends": stub_backends(stubs),
+            "selection_strategy": "PrefixAwareHash",
+            "prefix_routing": {"enabled": True},
+            "bus": {"embedded": False, "url": nats_server.url},
+        }
+        plain = await stack.enter_async_context(running_ingress(base))
+        assert plain.app.kv is None and plain.app.load_share is None
+        cfg = {**base, "load_sharing": {"bus": "always", "interval_ms": 20, "stale_after_ms": 1000}}
+        ing_a = await stack.enter_async_context(running_ingress(cfg))
+        ing_b = await stack.enter_async_context(running_ingress(cfg))
+        assert ing_a.app.kv is None and ing_a.app.load_share is not None
+        a = await stack.enter_async_context(httpx.AsyncClient(base_url=ing_a.url, timeout=10))
+        body = {"model": "m", "messages": [{"role": "user", "content": "hold me"}]}
+        held = [asyncio.create_task(a.post("/v1/chat/completions", json=body)) for _ in range(2)]
+        stack.callback(lambda: [t.cancel() for t in held])
+        await eventually(lambda: sum(s.remote_in_flight for s in ing_b.app.pool.states()) == 2)
+        assert sample(ing_b, "continuum_ingress_load_peers") == 1
+        for s in stubs:
+            assert s.stub.hold is not None
+            s.stub.hold.set()
+        assert all(r.status_code == 200 for r in await asyncio.gather(*held))
+        await eventually(lambda: sum(s.remote_in_flight for s in ing_b.app.pool.states()) == 0)
