@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -211,10 +212,16 @@ async def test_workers_die_with_their_supervisor(tmp_path: Path) -> None:
         write_config(config, stubs)
         async with serve(config) as running:
             workers = running.workers()
+            argv = Path(f"/proc/{min(workers)}/cmdline").read_bytes().decode().split("\0")
+            directory = Path(argv[argv.index("--worker-dir") + 1])
             running.proc.kill()
             await running.proc.wait()
             await eventually(lambda: not any(process_alive(p) for p in workers), limit=20)
             assert not port_open(running.port)
+            # A killed supervisor cannot remove its directory; its workers drained and removed
+            # their sockets on the way out.
+            assert list(directory.iterdir()) == [directory / "metrics-supervisor.sock"]
+            shutil.rmtree(directory)
 
 
 async def test_a_worker_that_cannot_start_fails_serve_with_one_line(tmp_path: Path) -> None:
