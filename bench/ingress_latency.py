@@ -4,13 +4,17 @@ Measures what the ingress adds over calling a fast local backend directly, non-s
 completions over keep-alive HTTP/1.1:
 
 * added latency at concurrency 1 and 64 (p50 / p99 of ingress minus direct), and
-* requests/s through one ingress process at concurrency 64.
+* requests/s through the ingress at concurrency 64.
 
 Three processes, so the ingress is measured as it runs in production: a minimal canned-answer
 backend (raw asyncio protocol on uvloop, ~20 µs per request), the ingress
 (`python -m continuum_ingress serve`, PrefixAwareHash over 3 backend entries on that server, so
 the Tier 1 path runs), and a load generator (raw asyncio streams on uvloop, one connection per
-concurrent client). Targets (issue 4): <= 1 ms added p50 at concurrency 1, >= 1,500 req/s.
+concurrent client). Targets: <= 1 ms added p50 at concurrency 1, >= 1,500 req/s.
+
+`--workers 1 2` measures one `serve` per value of `server.workers`, all started at once on their
+own ports; each repeat runs direct, then every ingress in turn (interleaved rounds, so a change
+in machine load hits every variant alike).
 """
 
 from __future__ import annotations
@@ -167,57 +171,80 @@ def _run_load(port: int, concurrency: int, seconds: float, warmup: float) -> dic
     return result
 
 
-def _config(backend_port: int, workdir: Path) -> Path:
+def _config(backend_port: int, workdir: Path, *, workers: int = 1, strategy: str = "PrefixAwareHash") -> Path:
     url = f"http://127.0.0.1:{backend_port}"
     data = {
-        "selection_strategy": "PrefixAwareHash",
-        "prefix_routing": {"enabled": True},
+        "server": {"workers": workers},
+        "selection_strategy": strategy,
+        "prefix_routing": {"enabled": strategy == "PrefixAwareHash"},
         "backends": [
             {"name": f"b{i}", "url": url, "type": "vllm", "models": [MODEL], "health_check_interval_ms": 5000}
             for i in range(3)
         ],
     }
-    path = workdir / "bench-config.yaml"
+    path = workdir / f"bench-config-{workers}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
 
+def _start_ingress(config: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`serve` on `port`, returned once it (every worker of it) listens: it prints one line then."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "continuum_ingress", "serve", "--config", str(config), "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if "listening on" not in line:
+        proc.kill()
+        raise RuntimeError(f"the ingress did not start (exit {proc.wait()})")
+    return proc
+
+
 def main_bench(args: argparse.Namespace) -> None:
-    backend_port, ingress_port = _free_port(), _free_port()
+    backend_port = _free_port()
     env = {**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING"}
+    ingresses: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        config = _config(backend_port, Path(tmp))
         backend = subprocess.Popen(
             [sys.executable, "-m", "bench.ingress_latency", "backend", str(backend_port)], env=env
         )
-        ingress = subprocess.Popen(
-            [sys.executable, "-m", "continuum_ingress", "serve", "--config", str(config), "--port", str(ingress_port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-        )
         try:
             _wait_port(backend_port, backend)
-            _wait_port(ingress_port, ingress)
-            rows: list[tuple[int, dict[str, float], dict[str, float]]] = []
+            for workers in args.workers:
+                port = _free_port()
+                config = _config(backend_port, Path(tmp), workers=workers, strategy=args.strategy)
+                ingresses[workers] = (port, _start_ingress(config, port, env))
+            rows: list[tuple[int, int, dict[str, float], dict[str, float]]] = []
             for concurrency in args.concurrency:
-                direct = [_run_load(backend_port, concurrency, args.seconds, args.warmup) for _ in range(args.repeats)]
-                via = [_run_load(ingress_port, concurrency, args.seconds, args.warmup) for _ in range(args.repeats)]
-                rows.append((concurrency, _median(direct), _median(via)))
+                direct: list[dict[str, float]] = []
+                via: dict[int, list[dict[str, float]]] = {w: [] for w in ingresses}
+                for _ in range(args.repeats):
+                    direct.append(_run_load(backend_port, concurrency, args.seconds, args.warmup))
+                    for workers, (port, _proc) in ingresses.items():
+                        via[workers].append(_run_load(port, concurrency, args.seconds, args.warmup))
+                for workers, runs in via.items():
+                    rows.append((concurrency, workers, _median(direct), _median(runs)))
         finally:
-            for proc in (ingress, backend):
+            for _port, proc in ingresses.values():
                 proc.terminate()
-                proc.wait(10)
+                proc.wait(60)
+            backend.terminate()
+            backend.wait(10)
+    print(f"strategy {args.strategy}; median of {args.repeats} run(s) x {args.seconds:g} s per cell")
     print(
-        f"{'conc':>4} | {'direct p50':>10} {'p99':>8} | {'ingress p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'ingress req/s':>13}"
+        f"{'conc':>4} {'workers':>7} | {'direct p50':>10} {'p99':>8} | {'ingress p50':>11} {'p99':>8} | "
+        f"{'added p50':>9} {'p99':>8} | {'ingress req/s':>13} {'direct req/s':>12}"
     )
-    for concurrency, d, v in rows:
+    for concurrency, workers, d, v in rows:
         print(
-            f"{concurrency:>4} | {d['p50_ms']:>8.3f}ms {d['p99_ms']:>6.2f}ms | "
+            f"{concurrency:>4} {workers:>7} | {d['p50_ms']:>8.3f}ms {d['p99_ms']:>6.2f}ms | "
             f"{v['p50_ms']:>9.3f}ms {v['p99_ms']:>6.2f}ms | "
             f"{v['p50_ms'] - d['p50_ms']:>7.3f}ms {v['p99_ms'] - d['p99_ms']:>6.2f}ms | "
-            f"{v['rps']:>13.0f}"
+            f"{v['rps']:>13.0f} {d['rps']:>12.0f}"
         )
-    print("targets: added p50 <= 1 ms at concurrency 1; >= 1500 req/s non-stream through one ingress process")
+    print("targets: added p50 <= 1 ms at concurrency 1; >= 1500 req/s non-stream through the ingress")
 
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -237,6 +264,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is reported")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[1], help="server.workers of the ingress; several values: one each"
+    )
+    parser.add_argument("--strategy", default="PrefixAwareHash", choices=["PrefixAwareHash", "RoundRobin"])
     main_bench(parser.parse_args())
 
 

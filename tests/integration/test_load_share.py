@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+import httpx
 import nats
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
@@ -17,9 +18,10 @@ from prometheus_client import CollectorRegistry
 from continuum_common.config import Backend
 from continuum_common.procs import NatsServer
 from continuum_common.wire.loads import SUBJECT_PREFIX, BackendLoad, LoadReport, encode_load_report
+from continuum_ingress.adapters.load_nats import NatsLoadTransport
 from continuum_ingress.adapters.load_share import LoadShare
-from continuum_ingress.metrics import LoadShareMetrics
 from continuum_ingress.pool import BackendPool
+from continuum_ingress.testing.harness import running_ingress, stub_backends
 from continuum_ingress.testing.upstream import running_stubs
 from tests.integration.test_kv_selector_ingress import ingresses, kv_config, sample
 
@@ -31,13 +33,14 @@ class Replica:
         self.pool = BackendPool()
         self.pool.sync([Backend(name=b, url=f"http://127.0.0.1:1/{b}", models=["m"]) for b in BACKENDS])
         self.registry = CollectorRegistry()
+        self.nc = nc
         self.share = LoadShare(
-            nc,
             name,
             self.pool,
+            [NatsLoadTransport(nc, name)],
             interval_s=0.05,
             stale_after_s=stale_after_s,
-            metrics=LoadShareMetrics(self.registry, lambda: float(len(self.share.table))),
+            registry=self.registry,
         )
 
     def state(self, backend: str) -> tuple[int, int]:
@@ -107,7 +110,7 @@ async def test_a_stopping_replica_is_dropped_at_once_and_a_silent_one_at_the_bou
         # four goes silent without a final report (a crash): its load counts until the bound
         loop = asyncio.get_running_loop()
         started = loop.time()
-        await four.share.nc.close()
+        await four.nc.close()
         await eventually(lambda: five.state("ls-b")[0] == 0, timeout=6.0)
         assert loop.time() - started >= 1.5
         assert five.sample("continuum_ingress_load_peers_expired_total") >= 1
@@ -169,6 +172,37 @@ async def test_load_sharing_can_be_turned_off(nats_server: NatsServer) -> None:
     async with running_stubs("a", "b") as stubs:
         cfg = kv_config(stubs, nats_server.url, load_sharing={"enabled": False})
         async with ingresses(cfg, 2) as [(ing_a, _), (ing_b, _)]:
-            assert ing_a.app.kv is not None and ing_a.app.kv.load_share is None
+            assert ing_a.app.kv is not None and ing_a.app.kv.load_share is None and ing_a.app.load_share is None
             await asyncio.sleep(0.3)
             assert sample(ing_b, "continuum_ingress_load_reports_total", direction="received") == 0
+
+
+async def test_replicas_share_load_over_nats_without_kv_routing(nats_server: NatsServer) -> None:
+    """`load_sharing.bus: always`: two plain ingress apps (no KV routing) each open a NATS
+    connection of their own for the load view; a plain one (`auto`) has no view at all."""
+    async with running_stubs("a", "b") as stubs, AsyncExitStack() as stack:
+        for s in stubs:
+            s.stub.hold = asyncio.Event()
+        base = {
+            "backends": stub_backends(stubs),
+            "selection_strategy": "PrefixAwareHash",
+            "prefix_routing": {"enabled": True},
+            "bus": {"embedded": False, "url": nats_server.url},
+        }
+        plain = await stack.enter_async_context(running_ingress(base))
+        assert plain.app.kv is None and plain.app.load_share is None
+        cfg = {**base, "load_sharing": {"bus": "always", "interval_ms": 20, "stale_after_ms": 1000}}
+        ing_a = await stack.enter_async_context(running_ingress(cfg))
+        ing_b = await stack.enter_async_context(running_ingress(cfg))
+        assert ing_a.app.kv is None and ing_a.app.load_share is not None
+        a = await stack.enter_async_context(httpx.AsyncClient(base_url=ing_a.url, timeout=10))
+        body = {"model": "m", "messages": [{"role": "user", "content": "hold me"}]}
+        held = [asyncio.create_task(a.post("/v1/chat/completions", json=body)) for _ in range(2)]
+        stack.callback(lambda: [t.cancel() for t in held])
+        await eventually(lambda: sum(s.remote_in_flight for s in ing_b.app.pool.states()) == 2)
+        assert sample(ing_b, "continuum_ingress_load_peers") == 1
+        for s in stubs:
+            assert s.stub.hold is not None
+            s.stub.hold.set()
+        assert all(r.status_code == 200 for r in await asyncio.gather(*held))
+        await eventually(lambda: sum(s.remote_in_flight for s in ing_b.app.pool.states()) == 0)

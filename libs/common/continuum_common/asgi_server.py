@@ -18,10 +18,13 @@ import uvicorn
 from continuum_common.errors import ListenError
 
 
-def bind_tcp(host: str, port: int, *, backlog: int | None = None) -> socket.socket:
+def bind_tcp(host: str, port: int, *, backlog: int | None = None, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound to host:port (port 0: a free one), listening when `backlog` is given
     (which also keeps the port from other sockets that set SO_REUSEADDR). Raises ListenError
-    with one line (`cannot listen on 127.0.0.1:8080: address already in use`)."""
+    with one line (`cannot listen on 127.0.0.1:8080: address already in use`).
+
+    `reuse_port`: SO_REUSEPORT, for the workers of one `serve`, which all listen on the port
+    their supervisor holds (`hold_tcp_port`); the kernel spreads new connections over them."""
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is
@@ -30,15 +33,36 @@ def bind_tcp(host: str, port: int, *, backlog: int | None = None) -> socket.sock
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         if backlog is not None:
             sock.listen(backlog)
     except OSError as exc:
         sock.close()
-        shown = f"[{host}]" if ":" in host else host
-        reason = (exc.strerror or str(exc)).lower()
-        raise ListenError(f"cannot listen on {shown}:{port}: {reason}") from None
+        raise _listen_error(host, port, exc) from None
     return sock
+
+
+def hold_tcp_port(host: str, port: int) -> socket.socket:
+    """Take host:port (port 0: a free one) for workers that will listen on it with SO_REUSEPORT
+    (`bind_tcp(..., reuse_port=True)`), without listening: the kernel hands connections only to
+    listening sockets. SO_REUSEPORT is set after the bind, so the bind itself still fails while
+    another server (another `serve` and its workers included) listens on the port. Raises
+    ListenError."""
+    sock = bind_tcp(host, port)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    except OSError as exc:
+        sock.close()
+        raise _listen_error(host.strip("[]"), port, exc) from None
+    return sock
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> ListenError:
+    shown = f"[{host}]" if ":" in host else host
+    reason = (exc.strerror or str(exc)).lower()
+    return ListenError(f"cannot listen on {shown}:{port}: {reason}")
 
 
 class _Server(uvicorn.Server):

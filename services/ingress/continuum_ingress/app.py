@@ -8,7 +8,10 @@ The response cache (Tier 2/3, `cache.hook.CacheHook`) is built here from the con
 unless a `response_cache` hook is passed, and the process's one Redis client (`app.redis`, a
 `SharedRedis`; pass `redis=` to share one built outside) too. The Tier 4 KV scorer (`kv/`) is
 built here when `kv_cache_index.enabled` and no `scorer` is passed; a Redis KV index reads
-through `app.redis`, so the response cache and the KV index share one pool.
+through `app.redis`, so the response cache and the KV index share one pool. The shared load view
+(`load_view.py`) is built here whenever the process has peers: sibling workers (`worker=`, the
+seat a `serve` supervisor gave this process) or other replicas over NATS; a worker's `/metrics`
+answers for every worker of its `serve` (adapters/worker_metrics.py).
 
 Seams for other components are constructor arguments: `response_cache` (Tier 2/3 hook),
 `scorer` (Tier 4 BackendScorer), `rewriters` (per-attempt body rewrites), `dialects` (per
@@ -42,6 +45,7 @@ from continuum_ingress.adapters.forward import Forwarder
 from continuum_ingress.adapters.health import HealthChecker
 from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.adapters.upstream import ClientSet
+from continuum_ingress.adapters.worker_metrics import WorkerMetrics
 from continuum_ingress.admin import AdminAuth, AdminEndpoints
 from continuum_ingress.asgi import Receive, Scope, Send
 from continuum_ingress.cache.hook import CacheHook
@@ -52,6 +56,7 @@ from continuum_ingress.errors import RequestError
 from continuum_ingress.gemini.wiring import build_gemini
 from continuum_ingress.hooks import BodyRewriter, Component, RequestScorer, ResponseCacheHook
 from continuum_ingress.kv import build_kv_routing
+from continuum_ingress.load_view import build_load_share
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.policy.scorer import BackendScorer
@@ -60,6 +65,7 @@ from continuum_ingress.protocol.apis import CLIENT_PATHS
 from continuum_ingress.protocol.errors import ErrorStyle, error_body
 from continuum_ingress.rewriters import AnthropicCacheControl, SaltEcho
 from continuum_ingress.snapshot import SnapshotFactory
+from continuum_ingress.workers import WorkerSeat
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +86,7 @@ class IngressApp:
         redis: SharedRedis | None = None,
         cache_monitor_interval_s: float = 30.0,
         nats_url: str | None = None,
+        worker: WorkerSeat | None = None,
         reload_interval: float = 1.0,
         health_tick: float = 0.1,
         rng: random.Random | None = None,
@@ -122,13 +129,22 @@ class IngressApp:
             None
             if scorer is not None
             else build_kv_routing(
-                self.holder.current.config, self.metrics.registry, nats_url=nats_url, redis=self.redis, pool=self.pool
+                self.holder.current.config, self.metrics.registry, nats_url=nats_url, redis=self.redis
             )
         )
         if self.kv is not None:
             scorer = self.kv.scorer
             builtin_components.append(self.kv)
             extra_admin_routes = (*extra_admin_routes, *self.kv.admin_routes())
+        # After KV routing: closed before it, so the final load report still has its NATS link.
+        self.load_share = build_load_share(
+            self.holder.current.config, self.pool, self.metrics.registry, kv=self.kv, seat=worker, nats_url=nats_url
+        )
+        if self.load_share is not None:
+            builtin_components.append(self.load_share)
+        self.worker_metrics = None if worker is None else WorkerMetrics(worker, self.metrics.registry)
+        if self.worker_metrics is not None:
+            builtin_components.append(self.worker_metrics)
         self.components = (*builtin_components, *self.gemini.components, *components)
         for component in self.components:
             self.holder.on_config.append(component.reload)
@@ -174,7 +190,8 @@ class IngressApp:
             )
             self._forward_endpoints[path] = endpoint
             app.router.routes.append(Route(path, endpoint, methods=["POST"]))
-        info = InfoEndpoints(self.holder, self.pool, self.metrics, lambda: self.ready)
+        exposition = None if self.worker_metrics is None else self.worker_metrics.exposition
+        info = InfoEndpoints(self.holder, self.pool, self.metrics, lambda: self.ready, exposition)
         app.router.routes.append(Route("/v1/models", info.models, methods=["GET"]))
         app.router.routes.append(Route("/v1/models/{model:path}", info.model, methods=["GET"]))
         app.router.routes.append(Route("/healthz", info.healthz, methods=["GET"]))

@@ -7,6 +7,7 @@ import argparse
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 from continuum_common.config import load_listener_config, load_router_config, read_yaml, router_warnings
 from continuum_common.errors import ConfigError, ContinuumError
@@ -46,18 +47,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from continuum_common.logs import setup_logging
     from continuum_ingress.config import resolve_config_path
     from continuum_ingress.run import run_loop, serve_forever
+    from continuum_ingress.workers import WorkerSeat
 
     path = resolve_config_path(args.config)
     if path is None:
         print("error: serve needs --config FILE (or CONTINUUM_CONFIG)", file=sys.stderr)
         return 2
-    setup_logging("ingress", args.log_level)
+    seat = None
+    if args.worker_dir is not None:  # started by a supervisor (server.workers > 1)
+        seat = WorkerSeat(Path(args.worker_dir), args.worker_index, args.worker_count)
+    setup_logging("ingress" if seat is None else f"ingress-{seat.index}", args.log_level)
     try:
-        run_loop(serve_forever(path, args.host, args.port, args.watch_interval))
+        code: int = run_loop(
+            serve_forever(path, args.host, args.port, args.watch_interval, worker=seat, log_level=args.log_level)
+        )
     except ContinuumError as exc:  # a bad or unreadable config, a missing secret, a port in use
-        print(f"error: {exc}", file=sys.stderr)
+        # A worker tells its supervisor on stdout, which prints it once for all workers.
+        print(f"error: {exc}", file=sys.stderr if seat is None else sys.stdout, flush=True)
         return 1
-    return 0
+    return code
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -166,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="seconds between checks of the config file for changes (0: reload on SIGHUP only)",
     )
+    # Set by the supervisor of `server.workers` > 1 for each worker it starts.
+    serve.add_argument("--worker-dir", help=argparse.SUPPRESS)
+    serve.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-count", type=int, default=1, help=argparse.SUPPRESS)
     serve.set_defaults(func=_cmd_serve)
 
     up = _command(

@@ -33,6 +33,7 @@ RESTART_ONLY = (
     "kv_cache_index",
     "gemini_context_cache",
     "bus",
+    "load_sharing",
     "tracing",
 )
 RESTART_ONLY_SERVER = (

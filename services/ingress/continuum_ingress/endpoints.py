@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
@@ -169,9 +169,17 @@ class InfoEndpoints:
     """GET /v1/models, /healthz, /readyz, /metrics (off the hot path; plain Starlette)."""
 
     def __init__(
-        self, holder: ConfigHolder, pool: BackendPool, metrics: IngressMetrics, is_ready: Callable[[], bool]
+        self,
+        holder: ConfigHolder,
+        pool: BackendPool,
+        metrics: IngressMetrics,
+        is_ready: Callable[[], bool],
+        exposition: Callable[[], Awaitable[bytes]] | None = None,
     ) -> None:
+        """`exposition`: what /metrics answers, when not this process's registry alone (a
+        worker answers for every worker of its `serve`)."""
         self.holder = holder
+        self.exposition = exposition
         self.pool = pool
         self.metrics = metrics
         self.is_ready = is_ready
@@ -214,4 +222,6 @@ class InfoEndpoints:
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     async def prometheus(self, request: Request) -> Response:
+        if self.exposition is not None:
+            return Response(await self.exposition(), media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -199,12 +199,13 @@ class IngressMetrics:
 
 
 class LoadShareMetrics:
-    """The shared load view between ingress replicas (adapters/load_share.py)."""
+    """The shared load view between ingress processes (adapters/load_share.py)."""
 
     def __init__(self, registry: CollectorRegistry, peers: Callable[[], float]) -> None:
         reports = Counter(
             "continuum_ingress_load_reports",
-            "Per-backend load reports exchanged with the other ingress replicas over NATS",
+            "Load reports exchanged with the other ingress processes (a NATS message, or one "
+            "datagram per sibling worker)",
             ["direction"],
             registry=registry,
         )
@@ -212,18 +213,47 @@ class LoadShareMetrics:
         self.received = reports.labels("received")
         self.dropped = Counter(
             "continuum_ingress_load_reports_dropped",
-            "Load reports not sent or not used (bus_down, publish_failed, decode, reordered)",
+            "Load reports not sent or not used (bus_down, publish_failed, peer_busy, peer_gone, "
+            "too_large, not_open, decode, reordered)",
             ["reason"],
             registry=registry,
         )
         self.expired = Counter(
             "continuum_ingress_load_peers_expired",
-            "Other replicas forgotten because no load report arrived within the staleness bound",
+            "Other processes forgotten because no load report arrived within the staleness bound",
             registry=registry,
         )
         gauge = Gauge(
             "continuum_ingress_load_peers",
-            "Other ingress replicas whose load this replica currently adds to its own",
+            "Other ingress processes (replicas, sibling workers) whose load this one adds to its own",
             registry=registry,
         )
         gauge.set_function(peers)
+
+
+class WorkerScrapeMetrics:
+    """`/metrics` of a worker answers for every worker of its `serve` (adapters/worker_metrics.py)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.failures = Counter(
+            "continuum_ingress_worker_scrape_failures",
+            "Sibling workers (or the supervisor) whose metrics a scrape of this worker could not include",
+            registry=registry,
+        )
+
+
+class SupervisorMetrics:
+    """The `serve` supervisor's own metrics (supervisor.py), included in every worker's `/metrics`."""
+
+    def __init__(self, running: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        self.restarts = Counter(
+            "continuum_ingress_worker_restarts",
+            "Worker processes restarted after they died",
+            ["worker"],
+            registry=self.registry,
+        )
+        gauge = Gauge(
+            "continuum_ingress_workers_running", "Worker processes of this serve running now", registry=self.registry
+        )
+        gauge.set_function(running)

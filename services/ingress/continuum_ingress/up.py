@@ -89,6 +89,8 @@ class Service:
 async def _ingress(ctx: UpContext) -> AsyncIterator[str | None]:
     app = IngressApp(ctx.config_path, nats_url=ctx.nats_url)
     server_cfg = ctx.config.server
+    if server_cfg.workers > 1:
+        log.warning("server.workers=%d applies to `serve`; `up` runs one ingress process", server_cfg.workers)
     host = ctx.host or server_cfg.host
     port = server_cfg.port if ctx.port is None else ctx.port
     async with RunningServer(app.asgi, host, port, sock=ctx.listen_socket, edge=app.edge) as server:

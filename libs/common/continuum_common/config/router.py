@@ -275,14 +275,18 @@ class ApproximateMatching(Section):
 
 
 class LoadSharing(Section):
-    """The shared load view between ingress replicas (docs/kv-scorer.md, "One load view"):
-    each replica publishes its per-backend in-flight requests and queued prefill tokens over
-    NATS and adds the other replicas' latest reports to its own counts."""
+    """The shared load view (docs/ingress.md, "Workers"; docs/kv-scorer.md, "One load view"):
+    each ingress process publishes its per-backend in-flight requests and queued prefill tokens
+    and adds the other processes' latest reports to its own counts. Between the workers of one
+    `serve` the reports travel over Unix datagram sockets; between replicas, over NATS."""
 
     enabled: bool = True
     interval_ms: int = Field(100, ge=10, le=10_000)
     # A replica not heard from for this long is forgotten (its load no longer counted).
     stale_after_ms: int = Field(1_000, ge=50, le=600_000)
+    # Over NATS: `auto` while KV routing is on (on its connection), `always` also without it (on
+    # a connection of its own to bus.url), `never` only between the workers of one `serve`.
+    bus: Literal["auto", "always", "never"] = "auto"
 
     @model_validator(mode="after")
     def _stale_after_interval(self) -> Self:
@@ -345,7 +349,8 @@ class KvCacheIndex(Section):
     # Share routing decisions (speculative entries, approximate records) with the other
     # ingress replicas over NATS.
     share_decisions: bool = True
-    load_sharing: LoadSharing = LoadSharing()
+    # The older place of the top-level `load_sharing` section (still accepted; not both).
+    load_sharing: LoadSharing | None = None
     scoring: Scoring = Scoring()
     storage_offloading: StorageOffloading = StorageOffloading()
     salt_echo: SaltEcho = SaltEcho()
@@ -531,6 +536,12 @@ class RouterConfig(Section):
     redis: Redis | None = None
     admin: Admin = Admin()
     tracing: Tracing = Tracing()
+    # None: kv_cache_index.load_sharing when set there, else the defaults (`shared_load()`).
+    load_sharing: LoadSharing | None = None
+
+    def shared_load(self) -> LoadSharing:
+        """The effective load-sharing settings (top level, else kv_cache_index's, else defaults)."""
+        return self.load_sharing or self.kv_cache_index.load_sharing or LoadSharing()
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> Self:
@@ -548,6 +559,8 @@ class RouterConfig(Section):
             elif not target.enabled:
                 problems.append(f"@response_cache.semantic.backend: {sem.backend!r} is disabled (enabled: false)")
         problems.extend(self._group_problems())
+        if self.load_sharing is not None and self.kv_cache_index.load_sharing is not None:
+            problems.append("@load_sharing: is also set as kv_cache_index.load_sharing (its older place); keep one")
         needs_redis = [
             path
             for path, backend in (

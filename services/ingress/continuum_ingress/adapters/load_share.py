@@ -1,14 +1,19 @@
-"""The shared load view: per-backend load to and from the other ingress replicas over core NATS
-(continuum_common.wire.loads; the table is policy/shared_load.py).
+"""The shared load view: per-backend load to and from the other ingress processes
+(continuum_common.wire.loads; the table is policy/shared_load.py), over one or more transports.
 
-Every `interval` this replica publishes what it has in flight on each backend and refreshes the
-pool's `remote_in_flight` / `remote_queued_tokens` from the other replicas' latest reports, so
+Every `interval` this process publishes what it has in flight on each backend and refreshes the
+pool's `remote_in_flight` / `remote_queued_tokens` from the other processes' latest reports, so
 the CHWBL bound and the KV cost model, which read `BackendState.in_flight` and
-`queued_tokens`, bound the fleet's load rather than this replica's share. A report received is
-applied at once; so is a routing decision another replica shares (`bump`). Publishing never
-waits on a slow bus for long: a report is skipped and counted while NATS is down, and peers'
-reports expire after the staleness bound, so with the bus down every replica routes on its own
-counts. On shutdown a final report tells the others to drop this replica's load at once.
+`queued_tokens`, bound the fleet's load rather than this process's share. A report received is
+applied at once; so is a routing decision another replica shares (`bump`).
+
+Transports (`LoadTransport`): core NATS between replicas (adapters/load_nats.py) and Unix
+datagram sockets between the workers of one `serve` (adapters/load_local.py). A process may use
+both: its siblings' reports then arrive twice with the same sequence number, and the second copy
+is ignored. Publishing never waits: a report that cannot go out is counted as a drop, and
+peers' reports expire after the staleness bound, so with every transport down each process
+routes on its own counts. On shutdown a final report tells the others to drop this process's
+load at once.
 """
 
 from __future__ import annotations
@@ -17,20 +22,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
+from prometheus_client import CollectorRegistry
 
+from continuum_common.config import RouterConfig
 from continuum_common.wire.loads import (
-    SUBJECT_WILDCARD,
     BackendLoad,
     LoadReport,
     LoadReportDecodeError,
     decode_load_report,
     encode_load_report,
-    subject_for,
 )
 from continuum_ingress.metrics import LoadShareMetrics
 from continuum_ingress.policy.shared_load import SharedLoad
@@ -41,50 +45,110 @@ log = logging.getLogger("continuum.ingress.load")
 FINAL_REPORT_TIMEOUT_S = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What one publish did: messages sent, and a drop reason for each peer not reached."""
+
+    sent: int = 0
+    dropped: tuple[str, ...] = ()
+
+
+class LoadTransport(Protocol):
+    """Carries encoded load reports to and from the other processes."""
+
+    name: str
+
+    @property
+    def connected(self) -> bool: ...
+
+    async def open(self, receive: Callable[[bytes], None]) -> None:
+        """Start delivering the peers' reports to `receive` (may wait for a connection)."""
+        ...
+
+    async def publish(self, payload: bytes) -> Delivery:
+        """Send without waiting on a slow peer; never raises."""
+        ...
+
+    async def flush(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class LoadShare:
+    """A `Component` of the ingress app (hooks.py): started with it, closed after the last
+    request (a final report, then the transports)."""
+
     def __init__(
         self,
-        nc: NatsClient,
         replica: str,
         pool: BackendPool,
+        transports: Sequence[LoadTransport],
         *,
         interval_s: float,
         stale_after_s: float,
-        metrics: LoadShareMetrics,
+        registry: CollectorRegistry,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.nc = nc
         self.replica = replica
-        self.subject = subject_for(replica)
         self.pool = pool
+        self.transports = tuple(transports)
         self.interval_s = interval_s
         self.table = SharedLoad(stale_after_s)
-        self.metrics = metrics
+        self.metrics = LoadShareMetrics(registry, lambda: float(len(self.table)))
         self.clock = clock
         self._seq = 0
         self._expired_seen = 0
-        self._sub: Subscription | None = None
         self._stopped = False  # after the final report nothing more is published
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- Component -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="load-share")
+
+    def reload(self, config: RouterConfig) -> None:
+        """Nothing: load_sharing is a restart-only section."""
+
+    async def aclose(self) -> None:
+        await self.stop()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        for transport in self.transports:
+            with contextlib.suppress(Exception):
+                await transport.close()
+
+    # ---- the loop --------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Subscribe, then publish and refresh every interval until cancelled."""
-        self._sub = await self.nc.subscribe(SUBJECT_WILDCARD, cb=self._received)
-        try:
+        """Open every transport (each in its own time: NATS may still be connecting), then
+        publish and refresh every interval until cancelled."""
+        async with asyncio.TaskGroup() as tasks:
+            for transport in self.transports:
+                tasks.create_task(self._open(transport))
             while True:
                 await self._publish(final=False)
                 self.refresh()
                 await asyncio.sleep(self.interval_s)
-        finally:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+
+    async def _open(self, transport: LoadTransport) -> None:
+        try:
+            await transport.open(self._received)
+        except Exception:  # the others keep working; this one counts its reports as dropped
+            log.exception("load view: the %s transport did not open", transport.name)
 
     async def stop(self) -> None:
-        """Tell the other replicas to drop this one's load now (best effort)."""
+        """Tell the other processes to drop this one's load now (best effort, bounded)."""
+        if self._stopped:
+            return
         self._stopped = True
         with contextlib.suppress(Exception):
             async with asyncio.timeout(FINAL_REPORT_TIMEOUT_S):
                 await self._publish(final=True)
-                await self.nc.flush()
+                for transport in self.transports:
+                    if transport.connected:
+                        await transport.flush()
 
     def bump(self, replica: str, backend: str, queued_tokens: int) -> None:
         """Another replica routed a request to `backend` (its shared decision)."""
@@ -121,27 +185,26 @@ class LoadShare:
     async def _publish(self, *, final: bool) -> None:
         if self._stopped and not final:
             return
-        if not self.nc.is_connected:
-            self.metrics.dropped.labels("bus_down").inc()
-            return
-        try:
-            await self.nc.publish(self.subject, encode_load_report(self.report(final=final)))
-        except Exception as exc:  # nats-py raises several types when disconnected
-            self.metrics.dropped.labels("publish_failed").inc()
-            log.debug("load report not published: %s", type(exc).__name__)
-            return
-        self.metrics.sent.inc()
+        # One report (one sequence number) for every transport, so a copy that arrives twice
+        # is recognised.
+        payload = encode_load_report(self.report(final=final))
+        for transport in self.transports:
+            delivery = await transport.publish(payload)
+            if delivery.sent:
+                self.metrics.sent.inc(delivery.sent)
+            for reason in delivery.dropped:
+                self.metrics.dropped.labels(reason).inc()
 
-    async def _received(self, msg: Msg) -> None:
-        if msg.subject == self.subject:
-            return
+    def _received(self, payload: bytes) -> None:
         try:
-            report = decode_load_report(msg.data)
+            report = decode_load_report(payload)
         except LoadReportDecodeError:
             self.metrics.dropped.labels("decode").inc()
             return
         if report.replica == self.replica:
             return
+        if self.table.last_seq(report.replica) == report.seq:
+            return  # the same report over a second transport
         if not self.table.apply(report, self.clock()):
             self.metrics.dropped.labels("reordered").inc()
             return

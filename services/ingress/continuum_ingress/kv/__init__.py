@@ -1,6 +1,6 @@
 """Tier 4 in the ingress: the KV overlap scorer, the index it reads, its admin routes.
 
-    kv = build_kv_routing(config, registry, nats_url=..., redis=shared_redis, pool=pool)  # None when disabled
+    kv = build_kv_routing(config, registry, nats_url=..., redis=shared_redis)  # None when disabled
     IngressApp(..., scorer=kv.scorer, components=[kv], extra_admin_routes=kv.admin_routes())
 
 IngressApp does exactly this itself when it is not given a scorer (docs/kv-scorer.md).
@@ -15,7 +15,6 @@ from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.kv.component import KvRouting
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.speculative import SpeculativeEntries
-from continuum_ingress.pool import BackendPool
 
 __all__ = ["KvOverlapScorer", "KvRouting", "SpeculativeEntries", "build_kv_routing"]
 
@@ -26,9 +25,8 @@ def build_kv_routing(
     *,
     nats_url: str | None = None,
     redis: SharedRedis | None = None,
-    pool: BackendPool | None = None,
 ) -> KvRouting | None:
     """Tier 4 for this configuration, or None when `kv_cache_index.enabled` is false."""
     if not config.kv_cache_index.enabled:
         return None
-    return KvRouting(config, registry, nats_url=nats_url, redis=redis, pool=pool)
+    return KvRouting(config, registry, nats_url=nats_url, redis=redis)

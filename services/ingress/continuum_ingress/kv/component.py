@@ -10,8 +10,8 @@ Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns
   read-only RedisBlockIndex (redis), through `BlockReads`;
 * the decision share (kv/adapters/decisions.py): routing decisions to and from the other
   ingress replicas over NATS;
-* the shared load view (adapters/load_share.py): every replica's per-backend in-flight requests
-  and queued prefill tokens, added to the pool's own counts;
+* the hand-off of the other replicas' routing decisions to the shared load view
+  (adapters/load_share.py, which the app owns and runs on this component's NATS connection);
 * a watch that forgets what was recorded about a backend whose engine cleared its cache (the
   block index's per-backend generation);
 * the prefix-key index it reads:
@@ -57,9 +57,7 @@ from continuum_ingress.kv.metrics import KvScorerMetrics
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.selector import KvSelector
 from continuum_ingress.kv.speculative import SpeculativeEntries
-from continuum_ingress.metrics import LoadShareMetrics
 from continuum_ingress.policy.kv_scoring import Weights
-from continuum_ingress.pool import BackendPool
 
 log = logging.getLogger("continuum.ingress.kv")
 
@@ -76,7 +74,6 @@ class KvRouting:
         *,
         nats_url: str | None = None,
         redis: SharedRedis | None = None,
-        pool: BackendPool | None = None,
         embedded_maintenance_s: float = 30.0,
     ) -> None:
         section = config.kv_cache_index
@@ -108,17 +105,8 @@ class KvRouting:
         )
         self.scorer = self.selector
         self.decisions: DecisionShare | None = None
+        # The shared load view, when the app runs one (it counts the decisions shared here).
         self.load_share: LoadShare | None = None
-        sharing = section.load_sharing
-        if pool is not None and sharing.enabled:
-            self.load_share = LoadShare(
-                self.nc,
-                self.replica,
-                pool,
-                interval_s=sharing.interval_ms / 1000,
-                stale_after_s=sharing.stale_after_ms / 1000,
-                metrics=LoadShareMetrics(registry, lambda: float(self._peers())),
-            )
         self._generations: dict[str, int] = {}
         self.embedded: EmbeddedKvIndex | None = None
         self.redis_index: RedisKvIndex | None = None
@@ -128,6 +116,7 @@ class KvRouting:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.ready = asyncio.Event()  # the index is fed (memory) / NATS is connected (redis)
+        self.connected = asyncio.Event()  # NATS is connected (once; nats-py reconnects itself)
 
     @property
     def backend(self) -> str:
@@ -187,10 +176,9 @@ class KvRouting:
         try:
             await connect_client(self.nc, self.config.bus, url=self.nats_url, name=NATS_CLIENT_NAME)
             log.info("KV routing connected to NATS")
+            self.connected.set()
             async with asyncio.TaskGroup() as tasks:
                 side = [tasks.create_task(self._share_decisions()), tasks.create_task(self._watch_generations())]
-                if self.load_share is not None:
-                    side.append(tasks.create_task(self.load_share.run()))
                 if self.embedded is None:
                     self.ready.set()
                 else:
@@ -221,9 +209,6 @@ class KvRouting:
         self.selector.apply_remote(decision)
         if self.load_share is not None:
             self.load_share.bump(decision.replica, decision.backend, decision.new_tokens)
-
-    def _peers(self) -> int:
-        return 0 if self.load_share is None else len(self.load_share.table)
 
     def _decision_dropped(self, reason: str) -> None:
         self.metrics.decisions_dropped.labels(reason).inc()
@@ -264,8 +249,6 @@ class KvRouting:
         self._closing = True
         if self.embedded is not None:
             self.embedded.stop()
-        if self.load_share is not None and self.nc.is_connected:
-            await self.load_share.stop()
         task = self._task
         if task is not None and not task.done():
             if self.embedded is not None and self.nc.is_connected:  # let the feed finish the batch in hand

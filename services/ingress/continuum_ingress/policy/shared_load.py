@@ -1,5 +1,6 @@
-"""The other ingress replicas' load on each backend, as they last reported it (pure; the reports
-travel over NATS, continuum_common.wire.loads, adapters/load_share.py).
+"""The other ingress processes' load on each backend, as they last reported it (pure; the
+reports travel over NATS between replicas and over Unix datagram sockets between the workers of
+one `serve`: continuum_common.wire.loads, adapters/load_share.py).
 
 A replica's report replaces its previous one. Between two reports, a routing decision the
 replica shares (kv/adapters/decisions.py) adds its request at once (`bump`), so a burst routed
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from continuum_common.config.router import LoadSharing
 from continuum_common.wire.loads import LoadReport
 
 # A peer is stale after max(stale_after, STALE_INTERVALS × its own report interval): a replica
@@ -27,6 +29,27 @@ class _Peer:
     stale_s: float
     in_flight: dict[str, int] = field(default_factory=dict)
     queued: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Transports:
+    """Where this process exchanges load reports."""
+
+    local: bool  # with its sibling workers (Unix datagram sockets)
+    bus: bool  # with the other replicas (NATS)
+
+    @property
+    def any(self) -> bool:
+        return self.local or self.bus
+
+
+def choose_transports(settings: LoadSharing, *, workers: int, kv_routing: bool) -> Transports:
+    """Siblings share locally whenever there are some; replicas share over NATS while KV
+    routing is on (`bus: auto`, on its connection) or always (`bus: always`)."""
+    if not settings.enabled:
+        return Transports(local=False, bus=False)
+    bus = settings.bus == "always" or (settings.bus == "auto" and kv_routing)
+    return Transports(local=workers > 1, bus=bus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +69,11 @@ class SharedLoad:
 
     def __len__(self) -> int:
         return len(self._peers)
+
+    def last_seq(self, replica: str) -> int | None:
+        """The sequence number of the report taken last from `replica` (None: none held)."""
+        peer = self._peers.get(replica)
+        return None if peer is None else peer.seq
 
     def apply(self, report: LoadReport, now: float) -> bool:
         """Take a peer's report; False when it is older than one already taken (reordered)."""
