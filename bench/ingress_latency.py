@@ -29,7 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import uvloop
 import yaml
@@ -68,6 +70,14 @@ class _Backend(asyncio.Protocol):
             + ANSWER
         )
         self.health = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+        # The peer routers learn a worker's model from GET /v1/models.
+        models = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "bench"}]})
+        self.models = (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(models)).encode()
+            + b"\r\n\r\n"
+            + models.encode()
+        )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -89,7 +99,10 @@ class _Backend(asyncio.Protocol):
             is_get = head.startswith(b"get")
             self.buf = self.buf[total:]
             assert self.transport is not None
-            self.transport.write(self.health if is_get else self.reply)
+            if is_get:
+                self.transport.write(self.models if head.startswith(b"get /v1/models") else self.health)
+            else:
+                self.transport.write(self.reply)
 
 
 async def _serve_backend(port: int) -> None:
@@ -171,9 +184,11 @@ def _run_load(port: int, concurrency: int, seconds: float, warmup: float) -> dic
     return result
 
 
-def _config(backend_port: int, workdir: Path, *, workers: int = 1, strategy: str = "PrefixAwareHash") -> Path:
+def _config(
+    backend_port: int, workdir: Path, *, workers: int = 1, strategy: str = "PrefixAwareHash", tracing: bool = False
+) -> Path:
     url = f"http://127.0.0.1:{backend_port}"
-    data = {
+    data: dict[str, object] = {
         "server": {"workers": workers},
         "selection_strategy": strategy,
         "prefix_routing": {"enabled": strategy == "PrefixAwareHash"},
@@ -182,7 +197,11 @@ def _config(backend_port: int, workdir: Path, *, workers: int = 1, strategy: str
             for i in range(3)
         ],
     }
-    path = workdir / f"bench-config-{workers}.yaml"
+    if tracing:
+        # Every request traced and exported; the canned backend takes the OTLP posts (any POST
+        # gets a 200), so the cost measured is the router's, not a collector's.
+        data["tracing"] = {"enabled": True, "otlp_endpoint": f"{url}/v1/traces", "sample_ratio": 1.0}
+    path = workdir / f"bench-config-{workers}{'-traced' if tracing else ''}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -202,49 +221,112 @@ def _start_ingress(config: Path, port: int, env: dict[str, str]) -> subprocess.P
     return proc
 
 
+PEER_POLICIES = {"RoundRobin": "round_robin", "PrefixAwareHash": "cache_aware"}
+
+
+def _admitted(listing: Any) -> bool:
+    """smg's GET /workers shows the worker "ready"; vllm-router's GET /list_workers lists it."""
+    if not isinstance(listing, dict):
+        return False
+    workers = listing.get("workers")
+    if isinstance(workers, list):
+        return any(isinstance(w, dict) and w.get("status") == "ready" for w in workers)
+    return bool(listing.get("urls"))
+
+
+def _start_peer(name: str, backend_port: int, strategy: str, workdir: Path) -> tuple[int, subprocess.Popen[bytes]]:
+    """smg or vllm-router in front of the canned backend (the policy closest to `strategy`),
+    returned once it lists the backend as a ready worker."""
+    from bench.peers.common import peer_binary
+
+    port, metrics = _free_port(), _free_port()
+    policy = PEER_POLICIES[strategy]
+    common = ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1"]
+    common += ["--prometheus-port", str(metrics), "--policy", policy]
+    backend = f"http://127.0.0.1:{backend_port}"
+    if name == "smg":
+        argv = [*peer_binary("smg"), "launch", *common, "--log-level", "warn", "--worker-urls", backend]
+        listing = "/workers"
+    else:
+        argv = [*peer_binary("vllm-router"), *common, "--log-level", "warning", "--worker-urls", backend]
+        listing = "/list_workers"
+    log = (workdir / f"{name}.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}; see {workdir / name}.log")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{listing}", timeout=1) as answer:
+                if _admitted(json.loads(answer.read())):
+                    return port, proc
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{name} did not admit its worker")
+
+
+def _variants(args: argparse.Namespace, backend_port: int, tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Every router measured, by name: Continuum per `--workers` value (and traced with
+    `--tracing`), then each peer of `--peers`."""
+    out: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+    for workers in args.workers:
+        for traced in (False, True) if args.tracing else (False,):
+            name = f"continuum w{workers}" + (" traced" if traced else "")
+            port = _free_port()
+            config = _config(backend_port, tmp, workers=workers, strategy=args.strategy, tracing=traced)
+            out[name] = (port, _start_ingress(config, port, env))
+    for peer in args.peers:
+        out[peer] = _start_peer(peer, backend_port, args.strategy, tmp)
+    return out
+
+
 def main_bench(args: argparse.Namespace) -> None:
     backend_port = _free_port()
     env = {**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING"}
-    ingresses: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
+    routers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         backend = subprocess.Popen(
             [sys.executable, "-m", "bench.ingress_latency", "backend", str(backend_port)], env=env
         )
         try:
             _wait_port(backend_port, backend)
-            for workers in args.workers:
-                port = _free_port()
-                config = _config(backend_port, Path(tmp), workers=workers, strategy=args.strategy)
-                ingresses[workers] = (port, _start_ingress(config, port, env))
-            rows: list[tuple[int, int, dict[str, float], dict[str, float]]] = []
+            routers = _variants(args, backend_port, Path(tmp), env)
+            rows: list[tuple[int, str, dict[str, float], dict[str, float]]] = []
             for concurrency in args.concurrency:
                 direct: list[dict[str, float]] = []
-                via: dict[int, list[dict[str, float]]] = {w: [] for w in ingresses}
+                via: dict[str, list[dict[str, float]]] = {name: [] for name in routers}
                 for _ in range(args.repeats):
                     direct.append(_run_load(backend_port, concurrency, args.seconds, args.warmup))
-                    for workers, (port, _proc) in ingresses.items():
-                        via[workers].append(_run_load(port, concurrency, args.seconds, args.warmup))
-                for workers, runs in via.items():
-                    rows.append((concurrency, workers, _median(direct), _median(runs)))
+                    for name, (port, _proc) in routers.items():
+                        via[name].append(_run_load(port, concurrency, args.seconds, args.warmup))
+                for name, runs in via.items():
+                    rows.append((concurrency, name, _median(direct), _median(runs)))
         finally:
-            for _port, proc in ingresses.values():
+            for _port, proc in routers.values():
                 proc.terminate()
                 proc.wait(60)
             backend.terminate()
             backend.wait(10)
+    _report(args, rows)
+
+
+def _report(args: argparse.Namespace, rows: list[tuple[int, str, dict[str, float], dict[str, float]]]) -> None:
     print(f"strategy {args.strategy}; median of {args.repeats} run(s) x {args.seconds:g} s per cell")
     print(
-        f"{'conc':>4} {'workers':>7} | {'direct p50':>10} {'p99':>8} | {'ingress p50':>11} {'p99':>8} | "
-        f"{'added p50':>9} {'p99':>8} | {'ingress req/s':>13} {'direct req/s':>12}"
+        f"{'conc':>4} {'router':>22} | {'direct p50':>10} {'p99':>8} | {'router p50':>10} {'p99':>8} | "
+        f"{'added p50':>9} {'p99':>8} | {'router req/s':>12} {'direct req/s':>12}"
     )
-    for concurrency, workers, d, v in rows:
+    for concurrency, name, d, v in rows:
         print(
-            f"{concurrency:>4} {workers:>7} | {d['p50_ms']:>8.3f}ms {d['p99_ms']:>6.2f}ms | "
-            f"{v['p50_ms']:>9.3f}ms {v['p99_ms']:>6.2f}ms | "
+            f"{concurrency:>4} {name:>22} | {d['p50_ms']:>8.3f}ms {d['p99_ms']:>6.2f}ms | "
+            f"{v['p50_ms']:>8.3f}ms {v['p99_ms']:>6.2f}ms | "
             f"{v['p50_ms'] - d['p50_ms']:>7.3f}ms {v['p99_ms'] - d['p99_ms']:>6.2f}ms | "
-            f"{v['rps']:>13.0f} {d['rps']:>12.0f}"
+            f"{v['rps']:>12.0f} {d['rps']:>12.0f}"
         )
-    print("targets: added p50 <= 1 ms at concurrency 1; >= 1500 req/s non-stream through the ingress")
+    print("targets: added p50 <= 1 ms at concurrency 1; >= 1500 req/s non-stream through the ingress;")
+    print("with --peers: req/s at concurrency 64 >= the best peer's, p99 <= 1.5x the best peer's")
 
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -268,6 +350,14 @@ def main() -> None:
         "--workers", type=int, nargs="+", default=[1], help="server.workers of the ingress; several values: one each"
     )
     parser.add_argument("--strategy", default="PrefixAwareHash", choices=["PrefixAwareHash", "RoundRobin"])
+    parser.add_argument(
+        "--peers",
+        default="",
+        type=lambda v: [p for p in v.split(",") if p],
+        help="peer routers measured in the same rounds: smg,vllm-router (policy: round_robin for "
+        "RoundRobin, cache_aware for PrefixAwareHash; `pip install -e '.[peers]'`)",
+    )
+    parser.add_argument("--tracing", action="store_true", help="also measure each Continuum with every request traced")
     main_bench(parser.parse_args())
 
 

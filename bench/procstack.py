@@ -24,7 +24,6 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 import httpx
 import yaml
 
-from continuum_common.procs import ManagedProcess, NatsServer, RedisServer, free_port
+from continuum_common.procs import HttpServiceProcess, ManagedProcess, NatsServer, RedisServer, free_port
 from continuum_sim.app import EngineEndpoints
 from continuum_sim.fleet import listener_sources
 
@@ -40,31 +39,9 @@ MODEL = "continuum-sim-8b"
 ADMIN_TOKEN = "fault-drill-admin-token"
 
 
-class ServiceProcess(ManagedProcess):
-    """One Continuum console entry point; ready when `GET health_url` answers 200."""
-
-    def __init__(self, name: str, argv: Sequence[str], health_url: str, data_dir: Path, port: int) -> None:
-        self.name = name  # shadows the class attribute: the log file and temp-dir prefix
-        super().__init__(data_dir, port=port)
-        self.argv = list(argv)
-        self.health_url = health_url
-
-    def command(self) -> list[str]:
-        return self.argv
-
-    async def wait_ready(self) -> None:
-        async with httpx.AsyncClient(timeout=1.0) as client:
-            response = await client.get(self.health_url)
-        if response.status_code != 200:
-            raise RuntimeError(f"{self.name}: health {response.status_code}")
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
-
-    def signal(self, signum: int) -> None:
-        if self._proc is not None and self._proc.returncode is None:
-            self._proc.send_signal(signum)
+class ServiceProcess(HttpServiceProcess):
+    """One service of the stack (continuum_common.procs.HttpServiceProcess) plus what the
+    drills need: its pid and resident memory."""
 
     def rss_bytes(self) -> int | None:
         return rss_bytes(self.pid)

@@ -19,6 +19,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,34 @@ class ManagedProcess:
         await self.stop()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+class HttpServiceProcess(ManagedProcess):
+    """A Continuum service (or any program) started with `argv`; ready once `GET health_url`
+    answers 200. Its log is `<name>.log` in `data_dir`."""
+
+    def __init__(self, name: str, argv: Sequence[str], health_url: str, data_dir: str | Path, port: int) -> None:
+        self.name = name  # shadows the class attribute: the log file's name
+        super().__init__(data_dir, port=port)
+        self.argv = list(argv)
+        self.health_url = health_url
+
+    def command(self) -> list[str]:
+        return self.argv
+
+    async def wait_ready(self) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=1.0) as client:
+            response = await client.get(self.health_url)
+        if response.status_code != 200:
+            raise HarnessError(f"{self.name}: health {response.status_code}")
+
+    def signal(self, signum: int) -> None:
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
 
 
 class NatsServer(ManagedProcess):

@@ -83,6 +83,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
                 host=args.host,
                 port=args.port,
                 listener_config=args.listener_config,
+                topology=args.topology,
+                replicas=args.replicas,
             )
         )
     except ContinuumError as exc:  # a bad config, a missing secret, nats-server failing to start
@@ -192,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host", help="override server.host")
     up.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
     up.add_argument("--listener-config", help="also run the KV listener with this file (--demo writes its own)")
+    up.add_argument(
+        "--topology",
+        choices=("single", "multi"),
+        default="single",
+        help="single: the services in this process (default); multi: each service a process of its own, "
+        "a redis-server, 2 indexers and --replicas router processes, as deploy/compose runs them",
+    )
+    up.add_argument("--replicas", type=int, default=2, help="router processes with --topology multi (default 2)")
     up.add_argument("--log-level", default=None)
     up.set_defaults(func=_cmd_up)
 

@@ -39,10 +39,17 @@ from continuum_ingress.app import IngressApp
 from continuum_ingress.demo import banner as demo_banner
 from continuum_ingress.demo import demo_config, demo_fleet, demo_model
 from continuum_ingress.hangup import TerminalWatch, detach_std_streams
-from continuum_ingress.kv.up import ADMIN_TOKEN_FILE, demo_kv_sections, indexer_service, listener_service
+from continuum_ingress.kv.up import (
+    ADMIN_TOKEN_FILE,
+    demo_kv_sections,
+    demo_listener_config,
+    indexer_service,
+    listener_service,
+)
 from continuum_ingress.run import install_stop_signals
 from continuum_ingress.server import RunningServer
 from continuum_ingress.statelock import StateLock, holding
+from continuum_ingress.topology import load_plan_inputs, plan, run_multi
 from continuum_sim import SimFleet
 
 log = logging.getLogger(__name__)
@@ -202,11 +209,15 @@ async def up(
     on_ready: Callable[[str], None] | None = None,
     state_dir: Path = STATE_DIR,
     listener_config: str | None = None,
+    topology: str = "single",
+    replicas: int = 2,
 ) -> None:
     """Run until `stop` is set (SIGINT/SIGTERM, or a lost terminal, when `on_ready` is None: the
     command line; tests pass `on_ready` and set `stop` themselves)."""
     if config_path is None and not demo:
         raise ConfigError("up needs --config FILE (or CONTINUUM_CONFIG), or --demo")
+    if topology not in ("single", "multi") or not 1 <= replicas <= 64:
+        raise ConfigError("up: --topology single|multi, --replicas 1..64")
     # A bad or unreadable file fails here, before anything starts.
     given = load_router_config(config_path) if config_path is not None else None
     stop = stop or asyncio.Event()
@@ -228,7 +239,10 @@ async def up(
         ctx = UpContext(
             path, config, nats_url, state_dir, host, port, fleet, listener_path, listen_socket, reloaders, lock
         )
-        described = await _start_services(stack, ctx, stop)
+        if topology == "multi":
+            described = await _start_multi(stack, ctx, replicas)
+        else:
+            described = await _start_services(stack, ctx, stop)
         if stop.is_set():
             return
         url = described["ingress"]
@@ -251,6 +265,20 @@ def _write_demo_config(state_dir: Path, fleet: SimFleet | None, listen_socket: s
     e0 = fleet.endpoints[0]
     data.update(demo_kv_sections(state_dir, model=e0.model, block_size=e0.block_size, hash_seed=e0.python_hash_seed))
     return _write_yaml(state_dir / "demo-config.yaml", data)
+
+
+async def _start_multi(stack: contextlib.AsyncExitStack, ctx: UpContext, replicas: int) -> dict[str, str]:
+    """--topology multi (topology.py): every service a process of its own."""
+    assert ctx.nats_url is not None and ctx.listen_socket is not None
+    router, listener = load_plan_inputs(ctx.config_path, ctx.listener_config)
+    if listener is None and ctx.fleet is not None:
+        listener = demo_listener_config(ctx.fleet.listener_sources(), nats_url=ctx.nats_url)
+    host, port = ctx.listen_socket.getsockname()[:2]
+    # The router's processes bind the port themselves (SO_REUSEPORT): let go of it.
+    ctx.listen_socket.close()
+    multi = plan(router, nats_url=ctx.nats_url, port=port, host=host, replicas=replicas, listener=listener)
+    assert ctx.state_lock is not None
+    return await run_multi(stack, multi, state_dir=ctx.data_dir, lock=ctx.state_lock, reloaders=ctx.reloaders)
 
 
 async def _start_services(stack: contextlib.AsyncExitStack, ctx: UpContext, stop: asyncio.Event) -> dict[str, str]:
