@@ -206,6 +206,12 @@ def _config(
     return path
 
 
+def _source_path(checkout: Path) -> str:
+    """PYTHONPATH that runs the services of another Continuum checkout (`--baseline`)."""
+    parts = ["libs/common", "services/ingress", "services/indexer", "services/listener", "services/gemini-cache"]
+    return os.pathsep.join([*(str(checkout / p) for p in parts), str(checkout / "services/sim-engine"), str(checkout)])
+
+
 def _start_ingress(config: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """`serve` on `port`, returned once it (every worker of it) listens: it prints one line then."""
     proc = subprocess.Popen(
@@ -277,6 +283,10 @@ def _variants(args: argparse.Namespace, backend_port: int, tmp: Path, env: dict[
             port = _free_port()
             config = _config(backend_port, tmp, workers=workers, strategy=args.strategy, tracing=traced)
             out[name] = (port, _start_ingress(config, port, env))
+    if args.baseline is not None:
+        port = _free_port()
+        config = _config(backend_port, tmp, workers=1, strategy=args.strategy)
+        out["baseline w1"] = (port, _start_ingress(config, port, {**env, "PYTHONPATH": _source_path(args.baseline)}))
     for peer in args.peers:
         out[peer] = _start_peer(peer, backend_port, args.strategy, tmp)
     return out
@@ -358,6 +368,11 @@ def main() -> None:
         "RoundRobin, cache_aware for PrefixAwareHash; `pip install -e '.[peers]'`)",
     )
     parser.add_argument("--tracing", action="store_true", help="also measure each Continuum with every request traced")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another Continuum checkout (e.g. a git worktree of an earlier commit) measured beside, one worker",
+    )
     main_bench(parser.parse_args())
 
 
