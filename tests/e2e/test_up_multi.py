@@ -53,7 +53,7 @@ async def test_up_multi_runs_each_service_as_a_process(tmp_path: Path) -> None:
         body = continued(chat("You are the multi-process demo. " + words("multi", 40), "hello"))
         body["model"] = "continuum-sim-8b"
         await until_kv_aware(http, url, body)  # engine events -> listener -> NATS -> indexers -> Redis
-        for _ in range(40):  # new connections: the kernel spreads them over both replicas
+        for _ in range(24):  # new connections: the kernel spreads them over both replicas
             async with httpx.AsyncClient(timeout=30) as fresh:
                 assert (await fresh.post(url + "/v1/chat/completions", json=body)).status_code == 200
         serving = replicas_serving((await http.get(url + "/metrics")).text)

@@ -24,7 +24,7 @@ _SCALE = max(1, int(os.environ.get("CONTINUUM_FUZZ_SCALE", "1")))
 
 settings.register_profile(
     "continuum-fuzz",
-    max_examples=150 * _SCALE,
+    max_examples=100 * _SCALE,
     deadline=None,
     derandomize=_SCALE == 1,
     database=None,
