@@ -44,7 +44,7 @@ async def test_every_panel_query_returns_series(tmp_path: Path) -> None:
         await prometheus.start()
         try:
             async with Load(stack.url, rate=20) as load:
-                await asyncio.sleep(6)
+                await asyncio.sleep(12)
             assert load.report.lost == 0
             targets = await prometheus.targets()
             assert {t["health"] for t in targets} == {"up"}, [(t["scrapeUrl"], t["lastError"]) for t in targets]
