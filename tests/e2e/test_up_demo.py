@@ -12,18 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 
-
-async def _read_until(stream: asyncio.StreamReader, pattern: str, limit: float) -> tuple[re.Match[str], str]:
-    seen = ""
-    async with asyncio.timeout(limit):
-        while True:
-            line = (await stream.readline()).decode()
-            if not line:
-                raise AssertionError(f"process output ended before {pattern!r}:\n{seen}")
-            seen += line
-            match = re.search(pattern, line)
-            if match:
-                return match, seen
+from tests.up_process import read_until
 
 
 async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
@@ -34,10 +23,10 @@ async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Pat
     )  # fmt: skip
     assert proc.stdout is not None
     try:
-        match, _ = await _read_until(proc.stdout, r"Continuum is up on (http://\S+)", 60)
+        match, _ = await read_until(proc.stdout, r"Continuum is up on (http://\S+)", 60)
         url = match.group(1)
         # The banner's snippets follow: read the rest of it.
-        _, banner = await _read_until(proc.stdout, r"Ctrl-C stops everything", 5)
+        _, banner = await read_until(proc.stdout, r"Ctrl-C stops everything", 5)
         assert f"curl -s {url}/v1/chat/completions" in banner
         assert f'OpenAI(base_url="{url}/v1"' in banner
         async with httpx.AsyncClient() as http:
