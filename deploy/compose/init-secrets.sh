@@ -8,7 +8,9 @@ cd "$(dirname "$0")"
 umask 077
 mkdir -p secrets
 for name in nats-router-password nats-listener-password admin-token salt-secret; do
-  [ -s "secrets/$name" ] || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "secrets/$name"
+  # A letter first: nats-server reads the passwords as config values from the environment, and
+  # one starting with a digit ("5a3f...") fails to parse as a number.
+  [ -s "secrets/$name" ] || { printf 'k'; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'; } > "secrets/$name"
   chmod 600 "secrets/$name"
 done
 touch .env

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -236,3 +237,16 @@ def test_offline_override_only_parks_the_images_without_an_offline_source() -> N
     assert override["services"] == {
         name: {"profiles": ["online-only"]} for name in ("otel-collector", "jaeger", "grafana")
     }
+
+
+def test_generated_nats_passwords_start_with_a_letter(tmp_path: Path) -> None:
+    """nats-server reads the passwords from the environment as config values: one starting
+    with a digit fails to parse, and every NATS node crash-loops."""
+    script = tmp_path / "init-secrets.sh"
+    script.write_text((COMPOSE / "init-secrets.sh").read_text())
+    for _ in range(8):  # 8 fresh sets: with hex alone, most runs would have a digit first somewhere
+        for old in (tmp_path / "secrets").glob("*") if (tmp_path / "secrets").exists() else []:
+            old.unlink()
+        subprocess.run(["sh", str(script)], check=True, capture_output=True)
+        env = dict(line.split("=", 1) for line in (tmp_path / ".env").read_text().splitlines() if "=" in line)
+        assert env["NATS_ROUTER_PASSWORD"][0].isalpha() and env["NATS_LISTENER_PASSWORD"][0].isalpha()
