@@ -1,3 +1,3 @@
 """Every integration test starts its own real servers through these fixtures."""
 
-pytest_plugins = ["continuum_common.testing.fixtures"]
+pytest_plugins = ["continuum_testing.fixtures"]

@@ -19,7 +19,7 @@ import yaml
 
 from continuum_common.procs import RedisServer
 from continuum_sim import SimFleet
-from tests.cache_support import ADMIN_ENV, ADMIN_TOKEN, cache_config, engine_requests, wait_entries
+from continuum_testing.cache_support import ADMIN_ENV, ADMIN_TOKEN, cache_config, engine_requests, wait_entries
 
 MESSAGES: list[Any] = [
     {"role": "system", "content": "You answer questions about trains."},

@@ -1,5 +1,5 @@
 """Every Grafana panel's query returns data from a real Prometheus scraping a real stack (the
-services as processes, bench/procstack.py) after traffic: no panel stays empty for lack of a
+services as processes, bench/continuum_bench/procstack.py) after traffic: no panel stays empty for lack of a
 metric, a label or a name that changed."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.procstack import Load, ProcessStack, StackOptions
-from tests.prometheus_server import PrometheusServer
+from continuum_bench.procstack import Load, ProcessStack, StackOptions
+from continuum_testing.prometheus_server import PrometheusServer
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "deploy" / "compose" / "grafana" / "dashboards"
 

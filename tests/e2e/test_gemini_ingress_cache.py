@@ -13,9 +13,9 @@ import pytest
 import pytest_asyncio
 
 from continuum_common.procs import NatsServer, RedisServer
-from continuum_common.testing.fake_gemini import FakeGemini, Op
-from continuum_common.testing.gemini_cache import API_KEY, KEY_ENV, FakeClock, system_prompt, wait_for
-from tests.gemini_ingress_stack import ADMIN_ENV, ADMIN_TOKEN, GeminiStack, gemini_stack
+from continuum_testing.fake_gemini import FakeGemini, Op
+from continuum_testing.gemini_cache import API_KEY, KEY_ENV, FakeClock, system_prompt, wait_for
+from continuum_testing.gemini_ingress_stack import ADMIN_ENV, ADMIN_TOKEN, GeminiStack, gemini_stack
 
 StackFactory = Callable[..., AbstractAsyncContextManager[GeminiStack]]
 

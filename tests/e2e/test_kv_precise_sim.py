@@ -18,11 +18,11 @@ import pytest
 
 from continuum_common.config.listener import ListenerConfig
 from continuum_common.procs import NatsServer
-from continuum_ingress.testing.harness import RunningIngress, running_ingress
 from continuum_listener.app import running
 from continuum_listener.config import settings_from
 from continuum_sim import EngineConfig, SimFleet
 from continuum_sim.hf_tokenizer import TokenizerFiles, train_tokenizer
+from continuum_testing.ingress_harness import RunningIngress, running_ingress
 
 MODEL = "continuum-sim-8b"
 SYSTEM = "You are the support assistant of a large hardware store. Be precise and short. " * 12

@@ -22,7 +22,7 @@ import pytest
 from continuum_common.procs import NatsServer, RedisServer
 from continuum_ingress.kv.scorer import CACHE_TTL_S
 from continuum_sim import EngineConfig
-from tests.kv_stack import chat, key_of, kv_stack, words
+from continuum_testing.kv_stack import chat, key_of, kv_stack, words
 
 SMALL_CACHE = EngineConfig(num_gpu_blocks=40, max_model_len=512)
 

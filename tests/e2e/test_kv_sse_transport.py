@@ -22,7 +22,7 @@ from continuum_indexer.metrics import IndexerMetrics
 from continuum_listener.app import running
 from continuum_listener.config import settings_from
 from continuum_sim import SimFleet
-from tests.kv_stack import SECRET, SECRET_ENV, chat, key_of, words
+from continuum_testing.kv_stack import SECRET, SECRET_ENV, chat, key_of, words
 
 
 @contextlib.asynccontextmanager

@@ -17,7 +17,7 @@ import yaml
 from continuum_common.procs import RedisServer
 from continuum_ingress.up import up
 from continuum_sim import SimFleet
-from tests.kv_stack import chat, words
+from continuum_testing.kv_stack import chat, words
 
 
 @contextlib.asynccontextmanager

@@ -19,7 +19,7 @@ import zmq.asyncio
 from continuum_common.events import STREAM_NAME, EventType, decode_event
 from continuum_common.procs import NatsServer, free_port
 from continuum_common.salt import make_salt
-from continuum_listener.testing import EnginePublisher, batch, stored
+from continuum_testing.engines import EnginePublisher, batch, stored
 
 
 def script() -> str:

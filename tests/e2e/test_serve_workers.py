@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from continuum_common.children import process_alive
 from continuum_common.ring import load_bound
-from continuum_ingress.testing.harness import stub_backends
-from continuum_ingress.testing.upstream import RunningStub, running_stubs
-from tests.up_process import ROUTER, children_of, kill_leftovers, port_open, run_to_end
+from continuum_testing.ingress_harness import stub_backends
+from continuum_testing.up_process import ROUTER, children_of, kill_leftovers, port_open, run_to_end
+from continuum_testing.upstream_stub import RunningStub, running_stubs
 
 CHAT = {
     "model": "m",

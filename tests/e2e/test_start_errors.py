@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.up_process import ROUTER, run_to_end
+from continuum_testing.up_process import ROUTER, run_to_end
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.up_process import read_until
+from continuum_testing.up_process import read_until
 
 
 async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:

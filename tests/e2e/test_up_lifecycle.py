@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.up_process import (
+from continuum_testing.up_process import (
     ROUTER,
     children_of,
     kill_leftovers,

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from continuum_ingress.testing.harness import stub_backends
-from continuum_ingress.testing.upstream import running_stubs
+from continuum_testing.ingress_harness import stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 
 async def test_serve_reloads_on_sighup_and_exits_on_sigterm(tmp_path: Path) -> None:

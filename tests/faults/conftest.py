@@ -1,4 +1,4 @@
-"""Fault drills against a whole stack of real processes (bench/procstack.py). Each drill prints
+"""Fault drills against a whole stack of real processes (bench/continuum_bench/procstack.py). Each drill prints
 one line of what it lost to the terminal, pass or fail."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.procstack import ProcessStack, StackOptions
-from tests.leak_guard import _collect_leaked_clients
+from continuum_bench.procstack import ProcessStack, StackOptions
+from continuum_testing.leak_guard import _collect_leaked_clients
 
 __all__ = ["_collect_leaked_clients"]
 

@@ -13,7 +13,7 @@ import asyncio
 import signal
 from collections.abc import Callable
 
-from bench.procstack import Load, LoadReport, ProcessStack
+from continuum_bench.procstack import Load, LoadReport, ProcessStack
 from tests.faults.conftest import Report
 
 StackFactory = Callable[..., ProcessStack]

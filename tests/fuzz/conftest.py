@@ -16,7 +16,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-from tests.leak_guard import _collect_leaked_clients
+from continuum_testing.leak_guard import _collect_leaked_clients
 
 __all__ = ["_collect_leaked_clients"]
 

@@ -50,9 +50,6 @@ from continuum_common.gemini_protocol import (
 from continuum_common.kvindex.block_memory import InMemoryBlockIndex
 from continuum_common.kvindex.memory import InMemoryKvIndex
 from continuum_common.procs import NatsServer
-from continuum_common.testing.fake_gemini import FakeGemini
-from continuum_common.testing.fixtures import _purge_jetstream
-from continuum_common.testing.gemini_cache import API_KEY, KEY_ENV, router_config, system_prompt
 from continuum_common.wire.decisions import Decision, DecisionDecodeError, decode_decision, encode_decision
 from continuum_common.wire.kv import (
     AllCleared,
@@ -76,6 +73,12 @@ from continuum_indexer.errors import DroppedEvent
 from continuum_indexer.feed import EventSink
 from continuum_indexer.metrics import DROP_REASONS, IndexerMetrics
 from continuum_indexer.protocol.bus_messages import decode_bus_message
+from continuum_testing.fake_gemini import FakeGemini
+from continuum_testing.fixtures import _purge_jetstream
+from continuum_testing.gemini_cache import API_KEY, KEY_ENV, router_config, system_prompt
+from continuum_testing.indexer_harness import ensure_stream, running, wait_drained
+from continuum_testing.indexer_harness import router_config as indexer_config
+from continuum_testing.indexer_harness import settings as indexer_settings
 from tests.fuzz.strategies import (
     Deep,
     byte_mutations,
@@ -86,9 +89,6 @@ from tests.fuzz.strategies import (
     mutated,
     pack_msgpack,
 )
-from tests.indexer_harness import ensure_stream, running, wait_drained
-from tests.indexer_harness import router_config as indexer_config
-from tests.indexer_harness import settings as indexer_settings
 
 U64 = (1 << 64) - 1
 PREFIX = hashlib.sha256(b"p").hexdigest()

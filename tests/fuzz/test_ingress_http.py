@@ -32,8 +32,8 @@ from continuum_ingress.errors import InvalidRequest
 from continuum_ingress.protocol.apis import CLIENT_PATHS, Api
 from continuum_ingress.protocol.requests import ParsedRequest, parse_request
 from continuum_ingress.server import RunningServer
-from continuum_ingress.testing.harness import RunningIngress, running_ingress
-from continuum_ingress.testing.upstream import StubUpstream
+from continuum_testing.ingress_harness import RunningIngress, running_ingress
+from continuum_testing.upstream_stub import StubUpstream
 from tests.fuzz.strategies import (
     CLAUDE,
     MODEL,

@@ -1,5 +1,5 @@
 """Fixtures for the integration suite."""
 
-from tests.leak_guard import _collect_leaked_clients
+from continuum_testing.leak_guard import _collect_leaked_clients
 
 __all__ = ["_collect_leaked_clients"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.fleet.runner import FleetBenchOptions, run_fleet_bench
+from continuum_bench.fleet.runner import FleetBenchOptions, run_fleet_bench
 from continuum_ingress.cli import main as router_cli
 from continuum_sim import SimFleet
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.compare import ROUTERS, compare, router
-from bench.fleet.harness import FleetContext
-from bench.fleet.runner import FleetBenchOptions, run_fleet_bench
-from bench.fleet.tap import EngineTap
+from continuum_bench.compare import ROUTERS, compare, router
+from continuum_bench.fleet.harness import FleetContext
+from continuum_bench.fleet.runner import FleetBenchOptions, run_fleet_bench
+from continuum_bench.fleet.tap import EngineTap
 from continuum_sim import SimFleet
 
 

@@ -18,9 +18,17 @@ import pytest
 import pytest_asyncio
 
 from continuum_common.procs import RedisServer
-from continuum_ingress.testing.harness import running_ingress
 from continuum_sim import SimFleet
-from tests.cache_support import ADMIN, ADMIN_ENV, ADMIN_TOKEN, cache_config, engine_requests, metric, wait_entries
+from continuum_testing.cache_support import (
+    ADMIN,
+    ADMIN_ENV,
+    ADMIN_TOKEN,
+    cache_config,
+    engine_requests,
+    metric,
+    wait_entries,
+)
+from continuum_testing.ingress_harness import running_ingress
 
 SYSTEM = "You are a terse assistant for a hardware shop. " * 4
 MESSAGES: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Which drill for concrete?"}]

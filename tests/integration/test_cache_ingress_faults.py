@@ -18,9 +18,9 @@ import redis.asyncio as aioredis
 import yaml
 
 from continuum_common.procs import RedisServer
-from continuum_ingress.testing.harness import running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
-from tests.cache_support import ADMIN_ENV, ADMIN_TOKEN, cache_config, cache_stats, metric, wait_entries
+from continuum_testing.cache_support import ADMIN_ENV, ADMIN_TOKEN, cache_config, cache_stats, metric, wait_entries
+from continuum_testing.ingress_harness import running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 

@@ -19,9 +19,16 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from continuum_common.procs import RedisServer
-from continuum_ingress.testing.harness import running_ingress
 from continuum_sim import SimFleet
-from tests.cache_support import ADMIN_ENV, ADMIN_TOKEN, cache_config, cache_stats, engine_requests, wait_entries
+from continuum_testing.cache_support import (
+    ADMIN_ENV,
+    ADMIN_TOKEN,
+    cache_config,
+    cache_stats,
+    engine_requests,
+    wait_entries,
+)
+from continuum_testing.ingress_harness import running_ingress
 
 SYSTEM = "You are a biology tutor for teenagers. Keep answers short."
 QUESTION = "Can you explain how photosynthesis works in green plants?"

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import httpx
 import orjson
 
-from continuum_ingress.testing.harness import RunningIngress, running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
+from continuum_testing.ingress_harness import RunningIngress, running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 BODY = orjson.dumps({"model": "m", "temperature": 0, "messages": [{"role": "user", "content": "hi"}]})
 LIMITS = {

@@ -14,7 +14,7 @@ from google import genai
 from google.genai import errors, types
 from google.genai.client import AsyncClient
 
-from continuum_common.testing.fake_gemini import FakeGemini, Op
+from continuum_testing.fake_gemini import FakeGemini, Op
 
 KEY = "goog-test"
 MODEL = "gemini-2.5-flash"

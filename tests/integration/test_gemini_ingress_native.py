@@ -16,12 +16,12 @@ import openai
 import pytest
 
 from continuum_common.procs import free_port
-from continuum_common.testing.fake_gemini import FakeGemini, Op
-from continuum_common.testing.fake_gemini_bodies import google_error
-from continuum_common.testing.gemini_cache import API_KEY, KEY_ENV, MODEL, system_prompt
 from continuum_ingress.gemini.context_cache import GeminiContextCache
-from continuum_ingress.testing.harness import RunningIngress, running_ingress
-from tests.gemini_ingress_stack import ADMIN_ENV, ADMIN_TOKEN, stack_config
+from continuum_testing.fake_gemini import FakeGemini, Op
+from continuum_testing.fake_gemini_bodies import google_error
+from continuum_testing.gemini_cache import API_KEY, KEY_ENV, MODEL, system_prompt
+from continuum_testing.gemini_ingress_stack import ADMIN_ENV, ADMIN_TOKEN, stack_config
+from continuum_testing.ingress_harness import RunningIngress, running_ingress
 
 WEATHER_TOOL = {
     "type": "function",

@@ -13,8 +13,9 @@ import pytest_asyncio
 
 from continuum_common.gemini_protocol import EnsureOutcome, LookupResult
 from continuum_common.procs import NatsServer, RedisServer
-from continuum_common.testing.fake_gemini import FakeGemini, Op
-from continuum_common.testing.gemini_cache import (
+from continuum_gemini_cache.app import GeminiCacheApp
+from continuum_testing.fake_gemini import FakeGemini, Op
+from continuum_testing.gemini_cache import (
     API_KEY,
     KEY_ENV,
     MODEL,
@@ -24,7 +25,6 @@ from continuum_common.testing.gemini_cache import (
     system_prompt,
     wait_for,
 )
-from continuum_gemini_cache.app import GeminiCacheApp
 
 AppFactory = Callable[..., AbstractAsyncContextManager[GeminiCacheApp]]
 

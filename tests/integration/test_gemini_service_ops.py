@@ -18,16 +18,16 @@ import yaml
 from continuum_common.config.router import RouterConfig
 from continuum_common.gemini_protocol import SUBJECT_ENSURE, SUBJECT_LOOKUP, EnsureOutcome, LookupResult
 from continuum_common.procs import NatsServer, RedisServer
-from continuum_common.testing.fake_gemini import FakeGemini, Op
-from continuum_common.testing.gemini_cache import (
+from continuum_gemini_cache.app import GeminiCacheApp
+from continuum_gemini_cache.errors import DisabledError
+from continuum_testing.fake_gemini import FakeGemini, Op
+from continuum_testing.gemini_cache import (
     API_KEY,
     KEY_ENV,
     GeminiBusClient,
     router_config,
     system_prompt,
 )
-from continuum_gemini_cache.app import GeminiCacheApp
-from continuum_gemini_cache.errors import DisabledError
 
 
 @pytest.fixture(autouse=True)

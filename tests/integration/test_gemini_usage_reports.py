@@ -12,10 +12,10 @@ import pytest
 import pytest_asyncio
 
 from continuum_common.procs import NatsServer
-from continuum_common.testing.fake_gemini import FakeGemini
-from continuum_common.testing.gemini_cache import API_KEY, KEY_ENV, FakeClock, system_prompt
-from tests.cache_support import metric
-from tests.gemini_ingress_stack import ADMIN_ENV, ADMIN_TOKEN, GeminiStack, gemini_stack
+from continuum_testing.cache_support import metric
+from continuum_testing.fake_gemini import FakeGemini
+from continuum_testing.gemini_cache import API_KEY, KEY_ENV, FakeClock, system_prompt
+from continuum_testing.gemini_ingress_stack import ADMIN_ENV, ADMIN_TOKEN, GeminiStack, gemini_stack
 
 LOST = "continuum_ingress_gemini_context_cache_usage_lost_requests_total"
 DROPPED = "continuum_ingress_gemini_context_cache_dropped_total"

@@ -25,7 +25,7 @@ from continuum_common.wire.resync import SUBJECT_WILDCARD as RESYNC_WILDCARD
 from continuum_common.wire.resync import ResyncRequest, decode_resync_request
 from continuum_indexer.app import IndexerApp
 from continuum_indexer.embedded import EmbeddedKvIndex
-from tests.indexer_harness import (
+from continuum_testing.indexer_harness import (
     consumer_state,
     ensure_stream,
     publish,
@@ -36,9 +36,16 @@ from tests.indexer_harness import (
     snapshot,
     wait_drained,
 )
+from continuum_testing.kvindex_block_model import (
+    NaiveBlocks,
+    batch,
+    expected_matches,
+    make_batches,
+    read_matches,
+    universe,
+)
 from tests.integration.test_indexer_consumer import PREFIXES, expected, reader, stream
 from tests.integration.test_indexer_process import start_indexer, write_config
-from tests.kvindex_block_model import NaiveBlocks, batch, expected_matches, make_batches, read_matches, universe
 
 HASHES = universe(40)
 BACKENDS = ("a", "b", "c")

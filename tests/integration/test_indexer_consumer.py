@@ -15,7 +15,7 @@ from continuum_common.kvindex import KvHolder, TierPolicy
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.procs import NatsServer, RedisClusterServer, RedisServer
 from continuum_indexer.app import IndexerApp
-from tests.indexer_harness import (
+from continuum_testing.indexer_harness import (
     ensure_stream,
     publish,
     router_config,
@@ -24,7 +24,7 @@ from tests.indexer_harness import (
     snapshot,
     wait_drained,
 )
-from tests.kvindex_streams import NaiveIndex, make_stream, prefix
+from continuum_testing.kvindex_streams import NaiveIndex, make_stream, prefix
 
 PREFIXES = 40
 

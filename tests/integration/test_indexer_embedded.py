@@ -15,9 +15,9 @@ from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.procs import NatsServer, RedisServer
 from continuum_indexer.app import IndexerApp
 from continuum_indexer.embedded import EmbeddedKvIndex
-from tests.indexer_harness import ensure_stream, publish, router_config, running, settings, wait_drained
+from continuum_testing.indexer_harness import ensure_stream, publish, router_config, running, settings, wait_drained
+from continuum_testing.kvindex_streams import make_stream, prefix
 from tests.integration.test_indexer_consumer import PREFIXES, expected
-from tests.kvindex_streams import make_stream, prefix
 
 
 async def test_embedded_index_replays_then_follows_the_stream(nats_server: NatsServer) -> None:

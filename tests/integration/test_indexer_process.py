@@ -18,7 +18,7 @@ import yaml
 from continuum_common.procs import NatsServer, RedisServer, free_port
 from continuum_common.wire.kv import AllCleared, BlocksRemoved, BlocksStored
 from continuum_indexer.app import IndexerApp
-from tests.indexer_harness import (
+from continuum_testing.indexer_harness import (
     consumer_state,
     ensure_stream,
     publish,
@@ -29,9 +29,9 @@ from tests.indexer_harness import (
     snapshot,
     wait_drained,
 )
+from continuum_testing.kvindex_block_model import batch, universe
+from continuum_testing.kvindex_streams import make_stream
 from tests.integration.test_indexer_consumer import PREFIXES, expected, reader
-from tests.kvindex_block_model import batch, universe
-from tests.kvindex_streams import make_stream
 
 BLOCKS = universe(16)
 

@@ -21,7 +21,7 @@ from continuum_common.procs import free_port
 from continuum_indexer.adapters.sse_source import SseSource
 from continuum_indexer.feed import EventSink
 from continuum_indexer.metrics import IndexerMetrics
-from tests.kvindex_streams import prefix
+from continuum_testing.kvindex_streams import prefix
 
 Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
 

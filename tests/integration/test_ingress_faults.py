@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from continuum_common.procs import free_port
-from continuum_ingress.testing.harness import RunningIngress, running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
+from continuum_testing.ingress_harness import RunningIngress, running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 STREAM = {**BODY, "stream": True}

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from continuum_common.config import RouterConfig
-from continuum_ingress.testing.harness import running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
+from continuum_testing.ingress_harness import running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -8,8 +8,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from continuum_ingress.testing.harness import RunningIngress, running_ingress, stub_backends
-from continuum_ingress.testing.upstream import RunningStub, running_stubs
+from continuum_testing.ingress_harness import RunningIngress, running_ingress, stub_backends
+from continuum_testing.upstream_stub import RunningStub, running_stubs
 
 GOOD = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 MSG = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}

@@ -13,8 +13,8 @@ from continuum_common.hashing import request_prefix_key
 from continuum_common.salt import verify_salt
 from continuum_ingress.hooks import CachedResponse, CacheLookup, ResponseRecorder
 from continuum_ingress.state import RequestState
-from continuum_ingress.testing.harness import running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
+from continuum_testing.ingress_harness import running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 CHAT = {
     "model": "m",

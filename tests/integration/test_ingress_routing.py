@@ -15,8 +15,8 @@ from continuum_common.hashing import request_prefix_key
 from continuum_common.ring import HashRing
 from continuum_ingress.policy.scorer import HoldingTier
 from continuum_ingress.policy.strategies import CandidateView
-from continuum_ingress.testing.harness import RunningIngress, running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
+from continuum_testing.ingress_harness import RunningIngress, running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 
 def chat(system: str | None = None, text: str = "hi", **extra: object) -> dict[str, object]:

@@ -6,8 +6,8 @@ import anthropic
 import openai
 import pytest
 
-from continuum_ingress.testing.harness import running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
+from continuum_testing.ingress_harness import running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 SYSTEM = "You are a careful assistant."
 

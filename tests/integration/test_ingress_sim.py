@@ -13,8 +13,8 @@ import pytest_asyncio
 
 from continuum_common.hashing import request_prefix_key
 from continuum_common.salt import make_salt
-from continuum_ingress.testing.harness import running_ingress
 from continuum_sim import SimFleet
+from continuum_testing.ingress_harness import running_ingress
 
 SYSTEM = "You are the support assistant of a large shop. Answer briefly and politely. " * 6
 

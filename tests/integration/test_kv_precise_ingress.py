@@ -20,10 +20,10 @@ from continuum_common.hashing.blocks import make_block_hasher
 from continuum_common.procs import NatsServer
 from continuum_common.tokenization import LocalTokenizer
 from continuum_common.wire.kv import AllCleared, BlocksStored, KvBatch
-from continuum_ingress.testing.harness import RunningIngress, running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
 from continuum_sim.hf_tokenizer import TokenizerFiles, train_tokenizer
-from tests.indexer_harness import ensure_stream, publish_batches
+from continuum_testing.indexer_harness import ensure_stream, publish_batches
+from continuum_testing.ingress_harness import RunningIngress, running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 BLOCK = 16
 SYSTEM = "You are a meticulous assistant who answers questions about the attached report. " * 20

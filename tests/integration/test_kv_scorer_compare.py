@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.compare import ROUTERS, compare, table
-from bench.fleet.runner import FleetBenchOptions
+from continuum_bench.compare import ROUTERS, compare, table
+from continuum_bench.fleet.runner import FleetBenchOptions
 
 
 async def test_compare_runs_the_kv_router_against_a_fleet(tmp_path: Path) -> None:

@@ -23,11 +23,11 @@ from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.procs import NatsServer, RedisServer
 from continuum_common.redis_client import make_redis
 from continuum_indexer.app import IndexerApp
-from continuum_ingress.testing.harness import RunningIngress, router_config, running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
-from tests.indexer_harness import ensure_stream, publish
-from tests.indexer_harness import running as running_indexer
-from tests.indexer_harness import settings as indexer_settings
+from continuum_testing.indexer_harness import ensure_stream, publish
+from continuum_testing.indexer_harness import running as running_indexer
+from continuum_testing.indexer_harness import settings as indexer_settings
+from continuum_testing.ingress_harness import RunningIngress, router_config, running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 TOKEN = "kv-admin-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

@@ -16,9 +16,9 @@ import httpx
 from continuum_common.events import EventType, KvEvent
 from continuum_common.hashing import request_prefix_key
 from continuum_common.procs import NatsServer
-from continuum_ingress.testing.harness import RunningIngress, running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
-from tests.indexer_harness import ensure_stream, publish
+from continuum_testing.indexer_harness import ensure_stream, publish
+from continuum_testing.ingress_harness import RunningIngress, running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1.1 KB shared by every conversation
 

@@ -17,7 +17,7 @@ from continuum_common.events import EventType, KvEvent, Tier
 from continuum_common.kvindex import InMemoryKvIndex, KvHolder, KvIndex, KvIndexWriter, TierPolicy
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.procs import RedisClusterServer, RedisServer
-from tests.kvindex_streams import NaiveIndex, make_stream, prefix
+from continuum_testing.kvindex_streams import NaiveIndex, make_stream, prefix
 
 Factory = Callable[..., Any]
 

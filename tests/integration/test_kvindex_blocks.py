@@ -26,7 +26,7 @@ from continuum_common.kvindex.adapters.redis_blocks import RedisBlockIndex
 from continuum_common.kvindex.block_pack import MAX_SEQ
 from continuum_common.procs import RedisClusterServer, RedisServer
 from continuum_common.wire.kv import AllCleared, BlocksRemoved, BlocksStored, KvBatch
-from tests.kvindex_block_model import NaiveBlocks, batch, make_batches, universe, without_generation
+from continuum_testing.kvindex_block_model import NaiveBlocks, batch, make_batches, universe, without_generation
 
 Factory = Callable[..., Any]
 H = universe(64)

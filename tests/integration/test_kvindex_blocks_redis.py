@@ -19,7 +19,7 @@ from continuum_common.kvindex.adapters.redis_blocks import RedisBlockIndex
 from continuum_common.kvindex.block_keys import BlockKeys
 from continuum_common.procs import RedisClusterServer, RedisServer
 from continuum_common.wire.kv import AllCleared, BlocksRemoved, BlocksStored
-from tests.kvindex_block_model import batch, universe
+from continuum_testing.kvindex_block_model import batch, universe
 
 H = universe(32)
 

@@ -38,7 +38,7 @@ from continuum_listener.config import settings_from
 from continuum_listener.metrics import ListenerMetrics
 from continuum_listener.pipeline import PipelineSettings, SourcePipeline
 from continuum_listener.policy.chains import Limits
-from continuum_listener.testing import EnginePublisher, TrtllmServer, batch, removed, stored
+from continuum_testing.engines import EnginePublisher, TrtllmServer, batch, removed, stored
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kv-events"
 H = json.loads((FIXTURES / "manifest.json").read_text())["hash_inputs"]["vllm"]

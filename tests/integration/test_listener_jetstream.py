@@ -20,7 +20,7 @@ from continuum_common.procs import NatsServer, free_port
 from continuum_common.salt import make_salt
 from continuum_listener.app import ListenerApp, running
 from continuum_listener.config import settings_from
-from continuum_listener.testing import EnginePublisher, batch, removed, stored
+from continuum_testing.engines import EnginePublisher, batch, removed, stored
 
 SECRET = "js-test-secret"
 

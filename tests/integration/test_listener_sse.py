@@ -21,7 +21,7 @@ from continuum_common.salt import make_salt
 from continuum_listener.app import ListenerApp, running
 from continuum_listener.config import settings_from
 from continuum_listener.policy.sequence import EventSequencer
-from continuum_listener.testing import EnginePublisher, batch, removed, stored
+from continuum_testing.engines import EnginePublisher, batch, removed, stored
 
 SECRET = "sse-secret"
 

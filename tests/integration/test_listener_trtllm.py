@@ -14,7 +14,7 @@ from continuum_listener.adapters.trtllm_source import TrtllmSource
 from continuum_listener.metrics import ListenerMetrics
 from continuum_listener.pipeline import PipelineSettings, SourcePipeline
 from continuum_listener.policy.chains import Limits, State
-from continuum_listener.testing import TrtllmServer
+from continuum_testing.engines import TrtllmServer
 
 SECRET = b"trt-secret"
 KEY = bytes(range(32))

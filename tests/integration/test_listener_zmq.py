@@ -27,7 +27,7 @@ from continuum_listener.attribution import Resolver
 from continuum_listener.metrics import ListenerMetrics
 from continuum_listener.pipeline import PipelineSettings, SourcePipeline
 from continuum_listener.policy.chains import Limits, State
-from continuum_listener.testing import DetokenizeServer, EnginePublisher, batch, removed, stored
+from continuum_testing.engines import DetokenizeServer, EnginePublisher, batch, removed, stored
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kv-events"
 HASHES = json.loads((FIXTURES / "manifest.json").read_text())["hash_inputs"]["vllm"]

@@ -21,8 +21,8 @@ from continuum_common.wire.loads import SUBJECT_PREFIX, BackendLoad, LoadReport,
 from continuum_ingress.adapters.load_nats import NatsLoadTransport
 from continuum_ingress.adapters.load_share import LoadShare
 from continuum_ingress.pool import BackendPool
-from continuum_ingress.testing.harness import running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
+from continuum_testing.ingress_harness import running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 from tests.integration.test_kv_selector_ingress import ingresses, kv_config, sample
 
 BACKENDS = ("ls-a", "ls-b")

@@ -21,7 +21,7 @@ import pytest
 from continuum_common.hashing import request_prefix_key
 from continuum_common.procs import NatsServer, RedisServer
 from continuum_common.salt import make_salt
-from tests.kv_stack import MODEL, SECRET, chat, key_of, kv_stack, words
+from continuum_testing.kv_stack import MODEL, SECRET, chat, key_of, kv_stack, words
 
 PROMPT_MARK = "QuasarMarmaladeZebra"
 CLIENT_KEY = "sk-client-hygiene-5d1e9c0b7a"

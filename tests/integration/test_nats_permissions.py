@@ -32,7 +32,7 @@ from continuum_common.procs import NatsServer, free_port
 from continuum_listener.__main__ import main as listener_main
 from continuum_listener.app import running
 from continuum_listener.config import settings_from
-from continuum_listener.testing import EnginePublisher, batch, stored
+from continuum_testing.engines import EnginePublisher, batch, stored
 
 ROUTER_PASSWORD = "router-password-1"
 PASSWORDS = {"kv-listener-a": "listener-a-password", "kv-listener-b": "listener-b-password"}

@@ -20,9 +20,9 @@ from continuum_common.events import EventType, KvEvent
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.procs import RedisServer
 from continuum_common.redis_client import RedisClient, make_redis
-from continuum_ingress.testing.harness import running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
-from tests.cache_support import ADMIN_ENV, ADMIN_TOKEN, cache_config, metric
+from continuum_testing.cache_support import ADMIN_ENV, ADMIN_TOKEN, cache_config, metric
+from continuum_testing.ingress_harness import running_ingress, stub_backends
+from continuum_testing.upstream_stub import running_stubs
 
 POOL = 8
 

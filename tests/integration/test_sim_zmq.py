@@ -27,7 +27,7 @@ from continuum_sim.protocol.block_hash import (
     vllm_wire_hash,
 )
 from continuum_sim.protocol.kv_wire import ClearedEvent, RemovedEvent, StoredEvent
-from tests.sim_fixtures import FIXTURE_TS, HASH_INPUTS, zmq_frames
+from continuum_testing.sim_fixtures import FIXTURE_TS, HASH_INPUTS, zmq_frames
 
 CAPTURES = {"array": "vllm-20260512-bcb9c13", "map": "vllm-20260729-48fc2e2"}
 RECV_TIMEOUT = 5.0

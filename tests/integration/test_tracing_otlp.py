@@ -12,13 +12,13 @@ import httpx
 from continuum_common.config.listener import ListenerConfig
 from continuum_common.procs import NatsServer, RedisServer
 from continuum_indexer.app import IndexerApp
-from continuum_ingress.testing.harness import running_ingress, stub_backends
-from continuum_ingress.testing.upstream import running_stubs
 from continuum_listener.app import running as running_listener
 from continuum_listener.config import settings_from
 from continuum_sim import SimFleet
-from tests.indexer_harness import router_config, running, settings, wait_drained
-from tests.otlp_receiver import otlp_receiver
+from continuum_testing.indexer_harness import router_config, running, settings, wait_drained
+from continuum_testing.ingress_harness import running_ingress, stub_backends
+from continuum_testing.otlp_receiver import otlp_receiver
+from continuum_testing.upstream_stub import running_stubs
 
 BODY = {"model": "m", "temperature": 0, "messages": [{"role": "user", "content": "trace me"}]}
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

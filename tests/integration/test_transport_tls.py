@@ -29,11 +29,11 @@ from continuum_common.bus import connect
 from continuum_common.config.router import Bus, Redis
 from continuum_common.procs import NatsServer, RedisServer
 from continuum_common.redis_client import make_redis
-from continuum_common.testing.fake_gemini import FakeGemini, Op
-from continuum_common.testing.gemini_cache import API_KEY, KEY_ENV, FakeClock, system_prompt
-from tests.gemini_ingress_stack import ADMIN_ENV, ADMIN_TOKEN, gemini_stack
-from tests.kv_stack import chat, key_of, kv_stack, words
-from tests.tls_support import Pki, make_pki
+from continuum_testing.fake_gemini import FakeGemini, Op
+from continuum_testing.gemini_cache import API_KEY, KEY_ENV, FakeClock, system_prompt
+from continuum_testing.gemini_ingress_stack import ADMIN_ENV, ADMIN_TOKEN, gemini_stack
+from continuum_testing.kv_stack import chat, key_of, kv_stack, words
+from continuum_testing.tls_support import Pki, make_pki
 
 REDIS_USER = "continuum-svc"
 REDIS_PASSWORD = "redis-acl-password-7Qe"

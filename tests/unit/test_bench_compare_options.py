@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer as HfTokenizer
 
-from bench import compare
-from bench.fleet import cli as fleet_cli
-from bench.fleet.continuum import STACKS, KvStack, kv_index_config, listener_config
-from bench.fleet.harness import ROUTERS, FleetContext, router_urls
-from bench.fleet.runner import FleetBenchOptions, build_workload, engine_configs, router_list
-from bench.fleet.tokens import HfTokenizerFiles, Texts, make_codec, train_hf_tokenizer
-from bench.fleet.trace import TRACE_BLOCK, BlockTexts
+from continuum_bench import compare
+from continuum_bench.fleet import cli as fleet_cli
+from continuum_bench.fleet.continuum import STACKS, KvStack, kv_index_config, listener_config
+from continuum_bench.fleet.harness import ROUTERS, FleetContext, router_urls
+from continuum_bench.fleet.runner import FleetBenchOptions, build_workload, engine_configs, router_list
+from continuum_bench.fleet.tokens import HfTokenizerFiles, Texts, make_codec, train_hf_tokenizer
+from continuum_bench.fleet.trace import TRACE_BLOCK, BlockTexts
 from continuum_common.config.listener import ListenerConfig
 from continuum_common.config.loader import parse
 from continuum_common.config.router import RouterConfig
@@ -109,7 +109,7 @@ def _ctx(tmp_path: Path, files: HfTokenizerFiles | None = None) -> FleetContext:
 
 
 def _router_config(ctx: FleetContext, stack: KvStack) -> RouterConfig:
-    from bench.fleet.continuum import continuum_config
+    from continuum_bench.fleet.continuum import continuum_config
 
     doc = continuum_config(ctx, "PrefixAwareHash", prefix_routing=True)
     doc["kv_cache_index"] = kv_index_config(ctx, stack, "/tmp/salt")

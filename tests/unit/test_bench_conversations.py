@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fleet.conversations import (
+from continuum_bench.fleet.conversations import (
     MESSAGE_FOOTER,
     MESSAGE_HEADER,
     ConversationShape,
@@ -19,11 +19,11 @@ from bench.fleet.conversations import (
     plan_conversations,
     system_lengths,
 )
-from bench.fleet.conversations import main as conversations_main
-from bench.fleet.describe import main as describe_main
-from bench.fleet.describe import markdown_table, trace_stats
-from bench.fleet.tokens import Texts, make_codec
-from bench.fleet.trace import TRACE_BLOCK, TraceLine, load_trace, write_trace
+from continuum_bench.fleet.conversations import main as conversations_main
+from continuum_bench.fleet.describe import main as describe_main
+from continuum_bench.fleet.describe import markdown_table, trace_stats
+from continuum_bench.fleet.tokens import Texts, make_codec
+from continuum_bench.fleet.trace import TRACE_BLOCK, TraceLine, load_trace, write_trace
 
 SHAPE = ConversationShape()
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bench.fleet.ideal import IdealCache
-from bench.fleet.tokens import Texts, make_codec
-from bench.fleet.trace import TRACE_BLOCK, BlockTexts, synthesize
+from continuum_bench.fleet.ideal import IdealCache
+from continuum_bench.fleet.tokens import Texts, make_codec
+from continuum_bench.fleet.trace import TRACE_BLOCK, BlockTexts, synthesize
 from continuum_sim.protocol.tokenizer import Tokenizer
 
 

@@ -24,7 +24,7 @@ from continuum_common.hashing.blocks import (
     wire_hashes,
 )
 from continuum_sim.protocol.block_hash import chain_hashes, none_hash
-from tests.sim_fixtures import FIXTURES, HASH_INPUTS, T1, T2, T3
+from continuum_testing.sim_fixtures import FIXTURES, HASH_INPUTS, T1, T2, T3
 
 U64 = (1 << 64) - 1
 VLLM_MAP = "vllm/vllm-20260717-426d48b"

@@ -10,7 +10,7 @@ from continuum_common.config.router import Redis, ResponseCacheRedis
 from continuum_ingress.adapters.shared_redis import SharedRedis, shared_connection
 from continuum_ingress.cache.hook import ROUTES, CacheHook
 from continuum_ingress.protocol.apis import Api
-from continuum_ingress.testing.harness import router_config
+from continuum_testing.ingress_harness import router_config
 
 
 def test_shared_connection_sources() -> None:

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from continuum_common.gemini_protocol import LookupReply, LookupResult, digest_hex
 from continuum_common.hashing import gemini_digest
-from continuum_common.testing.fake_gemini_bodies import Reply, Usage, sse, stream_chunks
 from continuum_ingress.gemini.errors import ConversionError
 from continuum_ingress.gemini.memo import LookupMemo
 from continuum_ingress.gemini.policy import Candidate, Ineligible, cache_candidate
@@ -29,6 +28,7 @@ from continuum_ingress.gemini.protocol.response import (
 from continuum_ingress.gemini.protocol.responses import ResponsesStreamConverter, responses_to_chat, to_response
 from continuum_ingress.gemini.protocol.sse import EventTooLarge, SseSplitter, event_data
 from continuum_ingress.gemini.protocol.stream import ChatStreamConverter
+from continuum_testing.fake_gemini_bodies import Reply, Usage, sse, stream_chunks
 
 MODEL = "gemini-2.5-flash"
 

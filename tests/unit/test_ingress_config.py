@@ -16,7 +16,7 @@ from continuum_ingress.config import ConfigHolder, restart_only_changes
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.snapshot import SnapshotFactory
-from continuum_ingress.testing.harness import router_config
+from continuum_testing.ingress_harness import router_config
 
 
 def _write(path: Path, data: dict[str, object]) -> Path:

@@ -21,7 +21,7 @@ from continuum_common.kvindex.block_pack import (
     stamp,
 )
 from continuum_common.wire.kv import AllCleared, BlocksRemoved, BlocksStored, KvBatch
-from tests.kvindex_block_model import NaiveBlocks, batch, make_batches, universe
+from continuum_testing.kvindex_block_model import NaiveBlocks, batch, make_batches, universe
 
 
 def unpack(blob: bytes) -> tuple[int, float, int, list[tuple[int, int, list[int]]]]:

@@ -21,7 +21,7 @@ from continuum_listener.pipeline import PipelineSettings, SourcePipeline
 from continuum_listener.policy.chains import Limits
 from continuum_listener.policy.resident import ResidentBlocks
 from continuum_listener.protocol.trtllm import decode_body
-from continuum_listener.testing import batch, removed, stored
+from continuum_testing.engines import batch, removed, stored
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kv-events"
 H = json.loads((FIXTURES / "manifest.json").read_text())["hash_inputs"]["vllm"]

@@ -37,7 +37,7 @@ from continuum_listener.protocol.blocks import (
 )
 from continuum_listener.protocol.fast_blocks import decode_into
 from continuum_listener.protocol.model import Stored
-from continuum_listener.testing import batch, removed, stored
+from continuum_testing.engines import batch, removed, stored
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kv-events"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())

@@ -14,7 +14,7 @@ from continuum_listener.errors import DetokenizeError
 from continuum_listener.policy.chains import Job, Outcome
 from continuum_listener.policy.sequence import EventIdTracker, EventSequencer, IdAction, SeqAction, SeqTracker
 from continuum_listener.protocol.sse import encode_control, encode_event, parse_event_id
-from continuum_listener.testing import chatml_decode, chatml_tokens
+from continuum_testing.engines import chatml_decode, chatml_tokens
 
 
 def test_seq_tracker() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from continuum_common.hashing import MESSAGE_TAG, SYSTEM_TAG, prefix_key_from_text, request_prefix_key
 from continuum_listener.protocol.templates import AnchorStatus, split_anchor
-from continuum_listener.testing import chatml_decode, chatml_tokens
+from continuum_testing.engines import chatml_decode, chatml_tokens
 
 D, P, N, U, A = (
     AnchorStatus.DETERMINED,

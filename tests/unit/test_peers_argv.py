@@ -1,4 +1,4 @@
-"""Pure pieces of bench/peers: the peer routers' command lines and readiness checks."""
+"""Pure pieces of bench/continuum_bench/peers: the peer routers' command lines and readiness checks."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from bench.peers import smg as smg_peer
-from bench.peers import vllm_router as vr
+from continuum_bench.peers import smg as smg_peer
+from continuum_bench.peers import vllm_router as vr
 from continuum_sim import EngineEndpoints
 
 

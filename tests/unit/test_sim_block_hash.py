@@ -14,7 +14,7 @@ from continuum_sim.protocol.block_hash import (
     sglang_wire_hash,
     vllm_wire_hash,
 )
-from tests.sim_fixtures import FIXTURES, HASH_INPUTS, T1, T2, T3
+from continuum_testing.sim_fixtures import FIXTURES, HASH_INPUTS, T1, T2, T3
 
 
 def test_none_hash_is_sha256_cbor_of_pythonhashseed_string() -> None:

@@ -22,7 +22,7 @@ from continuum_sim.protocol.kv_wire import (
     replay_end_frames,
     replay_reply_frames,
 )
-from tests.sim_fixtures import ERA_DIRS, FIXTURE_TS, T1, T2, T3, fixture_bytes
+from continuum_testing.sim_fixtures import ERA_DIRS, FIXTURE_TS, T1, T2, T3, fixture_bytes
 
 
 def fixture_scenario(event_hash: str = "vllm") -> list[list[KvEvent]]:

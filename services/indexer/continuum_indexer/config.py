@@ -20,7 +20,7 @@ class ConsumerSettings:
 
     durable: str | None = DEFAULT_DURABLE
     batch: int = 500
-    concurrency: int = 4  # batches applied at once per consumer (bench/indexer_apply.py)
+    concurrency: int = 4  # batches applied at once per consumer (bench/continuum_bench/indexer_apply.py)
     max_ack_pending: int = 8192
     ack_wait_s: float = 30.0
     # How long one wait for messages lasts when the stream is idle (events are delivered to

@@ -100,11 +100,11 @@ def _not_implemented(name: str) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.rest[:1] == ["fleet"]:
-        from bench.fleet import main as fleet_main
+        from continuum_bench.fleet import main as fleet_main
 
         return fleet_main(args.rest[1:])
     if args.rest[:1] == ["compare"]:
-        from bench.compare import main as compare_main
+        from continuum_bench.compare import main as compare_main
 
         return compare_main(args.rest[1:])
     print(

@@ -1,0 +1,316 @@
+"""Routers side by side on one simulated fleet (`continuum-router bench compare`, also
+`python -m continuum_bench.compare`).
+
+One fleet of simulated vLLM engines is started (a child process); then, for each workload and
+each router, the router is started against that fleet, the fleet benchmark (bench/continuum_bench/fleet) drives
+the workload through it over real HTTP (engines' prefix caches reset before every run), and the
+router is stopped. The summary table (hit rate as a fraction of the ideal, TTFT percentiles,
+load imbalance) is printed and written to bench/results/compare-<workloads>.{md,json}.
+
+Workloads: `shared-prompt`, `multi-turn`, `trace` (a Mooncake JSONL, `--trace PATH`) and
+`conversations` (production-shaped multi-turn chat, bench/continuum_bench/fleet/conversations.py). With
+`--tokenizer hf` the engines and the workloads share a small trained Hugging Face tokenizer.
+`--count-engine-calls` puts a counting tap in front of every engine and reports the calls each
+router makes per routed request (`/tokenize`, health checks, metrics polls, ...).
+
+Built-in routers (each a real process tree, nothing in the benchmark's own event loop) are
+listed in bench/continuum_bench/fleet/continuum.py; `direct-round-robin` and `direct-prefix-hash` are the
+benchmark's own baselines (no router).
+
+Adding a router: write an async context manager that starts it against the fleet described by
+a `FleetContext` and yields its base URL (`http://host:port`, the benchmark appends `/v1`) —
+or a list of base URLs for several replicas, which the benchmark takes in turn per request —
+and register it under a name:
+
+    from continuum_bench.compare import FleetContext, router
+
+    @router("vllm-router-cache-aware")
+    @contextlib.asynccontextmanager
+    async def vllm_router(ctx: FleetContext) -> AsyncIterator[str]:
+        ...  # ctx.endpoints (EngineEndpoints: .url, .kv_events_endpoint, .model, ...),
+        ...  # ctx.work_dir (a private directory for configs and logs), ctx.free_port()
+        async with process([...], ctx.log("vllm-router"), ready=r"listening") as proc:
+            yield f"http://127.0.0.1:{port}"
+
+Put it in a module and pass `--plugin your.module` (repeatable), then name it in `--routers`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import shlex
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import continuum_bench.fleet.continuum  # noqa: F401  (registers Continuum's routers)
+from continuum_bench.fleet.harness import (
+    ROUTERS,
+    FleetContext,
+    RouterFactory,
+    console,
+    process,
+    router,
+    router_urls,
+    wait_until,
+)
+from continuum_bench.fleet.report import markdown_row
+from continuum_bench.fleet.runner import WORKLOADS, FleetBenchOptions, engine_configs, report_and_print, run_fleet_bench
+from continuum_bench.fleet.tap import EngineTap
+from continuum_bench.fleet.tokens import TOKENIZER_CHOICES, train_hf_tokenizer
+from continuum_sim import SimFleet
+
+__all__ = [
+    "ROUTERS", "FleetContext", "RouterFactory", "compare", "console", "main", "process", "router", "table", "wait_until",
+]  # fmt: skip
+
+DEFAULT_ROUTERS = ("continuum-round-robin", "continuum-prefix-hash", "continuum-prefix-hash-kv")
+DEFAULT_WORKLOADS = ("shared-prompt", "multi-turn")
+
+
+# ---- the comparison ------------------------------------------------------------------------
+
+
+async def compare(
+    routers: Sequence[str],
+    workloads: Sequence[str],
+    base: FleetBenchOptions,
+    work_dir: Path,
+    *,
+    count_engine_calls: bool = False,
+    failures: list[dict[str, str]] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every workload through every router on one fleet. With `failures`, a run that
+    fails is recorded there and the comparison goes on; without, the error propagates."""
+    if base.tokenizer == "hf" and base.hf_tokenizer is None:
+        raise ValueError("--tokenizer hf: train the tokenizer first (continuum_bench.fleet.tokens.train_hf_tokenizer)")
+    reports: list[dict[str, Any]] = []
+    await asyncio.to_thread(work_dir.mkdir, parents=True, exist_ok=True)
+    async with SimFleet(configs=engine_configs(base), process=not base.in_process) as fleet:
+        info = work_dir / "fleet.json"
+        fleet.write_info(info)
+        async with _tapped(fleet, count_engine_calls) as tap:
+            endpoints = tap.endpoints if tap else list(fleet.endpoints)
+            ctx = FleetContext(endpoints, work_dir, base, hf_tokenizer=base.hf_tokenizer)
+            for workload in workloads:
+                for name in routers:
+                    try:
+                        reports.append(await _one_run(ctx, name, workload, info, tap))
+                    except (RuntimeError, OSError, ValueError, TimeoutError) as exc:
+                        if failures is None:
+                            raise
+                        # A router that cannot start (or a run that breaks) is reported; the
+                        # other routers still run on the same fleet.
+                        print(f"!! {workload} via {name} failed: {exc}", file=sys.stderr, flush=True)
+                        failures.append({"workload": workload, "router": name, "error": str(exc)[:300]})
+    return reports
+
+
+@contextlib.asynccontextmanager
+async def _tapped(fleet: SimFleet, enabled: bool) -> AsyncIterator[EngineTap | None]:
+    if not enabled:
+        yield None
+        return
+    async with EngineTap(fleet.endpoints) as tap:
+        yield tap
+
+
+async def _one_run(ctx: FleetContext, name: str, workload: str, info: Path, tap: EngineTap | None) -> dict[str, Any]:
+    base = ctx.options
+    print(f"== {workload} via {name}", file=sys.stderr, flush=True)
+    async with ROUTERS[name](ctx) as yielded:
+        opts = replace(
+            base, workload=workload, router=",".join(router_urls(yielded)), router_label=name, fleet_file=str(info),
+            name=f"compare-{workload}-{name}", command=f"{base.command} (workload {workload}, router {name})",
+        )  # fmt: skip
+        # What the router did while starting (and the readiness probe) is not per request.
+        report, results = await run_fleet_bench(opts, before_run=tap.reset if tap else None)
+        if tap is not None:
+            report["engine_calls"] = {
+                "routed_requests": len(results), "by_route": tap.totals(), "by_engine": tap.counts(),
+                "tap_errors": tap.errors,
+            }  # fmt: skip
+        report_and_print(report, results, opts)
+    return report
+
+
+MD_HEADER = (
+    "| workload | router | requests | errors | hit rate | ideal | hit/ideal | TTFT p50 | TTFT p90 | TTFT p99 "
+    "| E2E p50 | E2E p99 | req/s | out tok/s | imbalance req | imbalance tok |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+)
+
+
+def table(reports: Sequence[dict[str, Any]]) -> str:
+    rows = []
+    for report in reports:
+        # markdown_row starts with "| run | router | workload | engines | ..."; keep what we show.
+        cells = markdown_row(report).strip().strip("|").split("|")
+        workload, label = report["workload"]["workload"], report["router"]
+        rows.append("| " + " | ".join([workload, label, *[c.strip() for c in cells[4:]]]) + " |")
+    return MD_HEADER + "\n".join(rows) + "\n"
+
+
+def calls_table(reports: Sequence[dict[str, Any]], *, columns: int = 6) -> str:
+    """Engine calls per routed request, one row per run, the busiest routes as columns."""
+    counted = [r for r in reports if r.get("engine_calls")]
+    if not counted:
+        return ""
+    totals: dict[str, int] = {}
+    for report in counted:
+        for route, count in report["engine_calls"]["by_route"].items():
+            totals[route] = totals.get(route, 0) + count
+    routes = sorted(totals, key=lambda r: -totals[r])[:columns]
+    head = "| workload | router | requests | " + " | ".join(f"`{r}`" for r in routes) + " | other |\n"
+    head += "|---|---|---:|" + "---:|" * (len(routes) + 1) + "\n"
+    rows = []
+    for report in counted:
+        calls = report["engine_calls"]
+        n = max(calls["routed_requests"], 1)
+        by_route = calls["by_route"]
+        other = sum(v for k, v in by_route.items() if k not in routes)
+        cells = [f"{by_route.get(r, 0) / n:.2f}" for r in routes] + [f"{other / n:.2f}"]
+        rows.append(
+            f"| {report['workload']['workload']} | {report['router']} | {calls['routed_requests']} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return head + "\n".join(rows) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = FleetBenchOptions()
+    p = argparse.ArgumentParser(
+        prog="continuum-router bench compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--routers", default=",".join(DEFAULT_ROUTERS), help="comma-separated registered names")
+    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=", ".join(WORKLOADS))
+    p.add_argument("--plugin", action="append", default=[], help="module that registers more routers (repeatable)")
+    p.add_argument("--list", action="store_true", help="list the registered routers and exit")
+    p.add_argument("--work-dir", default=None, help="configs and logs of the routers (default: a new temp dir)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per simulated second (default 1.0)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out-dir", default="bench/results")
+    p.add_argument("--name", help="file stem of the summary (default compare-<workloads>)")
+    p.add_argument(
+        "--count-engine-calls", action="store_true",
+        help="count every HTTP call the router makes to the engines (a loopback tap in front of each engine)",
+    )  # fmt: skip
+    e = p.add_argument_group("engines")
+    e.add_argument("--engines", type=int, default=4)
+    e.add_argument("--num-gpu-blocks", type=int, default=1500, help="KV blocks per engine")
+    e.add_argument("--block-size", type=int, default=d.block_size)
+    e.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    e.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    e.add_argument(
+        "--tokenizer", choices=TOKENIZER_CHOICES, default="builtin",
+        help="hf: train a small Hugging Face tokenizer into the work dir once; engines, workloads, ideal and the "
+        "precise match group all use it",
+    )  # fmt: skip
+    e.add_argument("--in-process", action="store_true", help="engines in this process (default: a child process)")
+    w = p.add_argument_group("workloads")
+    w.add_argument("--requests", type=int, help="shared-prompt: requests; trace: max lines")
+    w.add_argument(
+        "--rate", type=float, help="shared-prompt req/s; multi-turn and conversations: conversation starts/s"
+    )
+    w.add_argument("--output-tokens", type=int, help="answer length (shared-prompt, multi-turn)")
+    w.add_argument("--conversations", type=int, default=64, help="multi-turn: conversations")
+    w.add_argument("--system-prompts", type=int, help="multi-turn 4, conversations 4")
+    w.add_argument("--duration", type=float, help="conversations: seconds of conversation starts (600)")
+    w.add_argument(
+        "--trace", help="trace: a Mooncake JSONL (default bench/continuum_bench/traces/mooncake_synthetic.jsonl)"
+    )
+    w.add_argument("--trace-duration", type=float, help="trace: replay only the first N trace seconds")
+    w.add_argument("--trace-limit", type=int, help="trace: replay only the first N lines")
+    return p
+
+
+def options(args: argparse.Namespace, argv: Sequence[str]) -> FleetBenchOptions:
+    return FleetBenchOptions(
+        engines=args.engines, num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, tokenizer=args.tokenizer,
+        time_scale=args.time_scale, seed=args.seed, requests=args.requests, rate=args.rate,
+        output_tokens=args.output_tokens, conversations=args.conversations, system_prompts=args.system_prompts,
+        duration=args.duration, trace=args.trace, trace_duration=args.trace_duration, trace_limit=args.trace_limit,
+        out_dir=args.out_dir, in_process=args.in_process, plot=False, progress=sys.stderr.isatty(),
+        command="continuum-router bench compare " + shlex.join(argv),
+    )  # fmt: skip
+
+
+def _check(args: argparse.Namespace, routers: Sequence[str], workloads: Sequence[str]) -> str | None:
+    unknown = [r for r in routers if r not in ROUTERS]
+    if unknown:
+        return f"unknown router(s) {', '.join(unknown)}; known: {', '.join(sorted(ROUTERS))}"
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad or not workloads:
+        return f"unknown workload(s) {', '.join(bad)}; known: {', '.join(WORKLOADS)}"
+    if args.engines < 1 or args.time_scale <= 0:
+        return "--engines must be >= 1 and --time-scale > 0"
+    if args.trace and not Path(args.trace).is_file():
+        return f"--trace {args.trace}: no such file"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    for module in args.plugin:
+        importlib.import_module(module)
+    if args.list:
+        print("\n".join(sorted(ROUTERS)))
+        return 0
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    problem = _check(args, routers, workloads)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    base = options(args, argv)
+    work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="continuum-compare-"))
+    failures: list[dict[str, str]] = []
+    try:
+        if base.tokenizer == "hf":
+            base = replace(base, hf_tokenizer=train_hf_tokenizer(work_dir / "tokenizer"))
+        reports = asyncio.run(
+            compare(routers, workloads, base, work_dir, count_engine_calls=args.count_engine_calls, failures=failures)
+        )
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    write_summary(reports, failures, base, Path(args.out_dir), args.name or "compare-" + "-".join(workloads))
+    print(f"router logs in {work_dir}")
+    ok = all(r["results"]["ok"] == r["results"]["requests"] for r in reports)
+    return 0 if ok and not failures else 1
+
+
+def write_summary(
+    reports: Sequence[dict[str, Any]], failures: Sequence[dict[str, str]], base: FleetBenchOptions, out: Path, stem: str
+) -> None:
+    text = table(reports)
+    calls = calls_table(reports)
+    if calls:
+        text += "\nEngine calls per routed request (counted by the tap in front of the engines):\n\n" + calls
+    if failures:
+        text += "\nDid not run:\n\n" + "".join(f"* {f['workload']} via {f['router']}: {f['error']}\n" for f in failures)
+    print("\n" + text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(f"Command: `{base.command}`\n\n{text}", encoding="utf-8")
+    (out / f"{stem}.json").write_text(
+        json.dumps({"runs": list(reports), "failures": list(failures)}, indent=2), encoding="utf-8"
+    )
+    print(f"wrote {out / (stem + '.md')}, {out / (stem + '.json')}")
+
+
+if __name__ == "__main__":
+    # Run the importable module's main, not this `__main__` copy: plugins import `continuum_bench.compare`
+    # and register their routers in that module's ROUTERS.
+    from continuum_bench.compare import main as _main
+
+    sys.exit(_main())

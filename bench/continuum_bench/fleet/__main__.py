@@ -1,0 +1,5 @@
+import sys
+
+from continuum_bench.fleet.cli import main
+
+sys.exit(main())

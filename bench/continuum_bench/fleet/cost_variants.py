@@ -1,0 +1,62 @@
+"""Cost-model variants of `continuum-kv-precise`, for tuning runs of `bench compare`
+(`--plugin continuum_bench.fleet.cost_variants`). Each name spells its overrides of
+`kv_cache_index.scoring.cost`: `pen<miss_penalty>`, `eps<load_factor_epsilon>`; `nostarts`
+turns off the placement of conversation starts, `noload` the shared load view between replicas,
+`slack<n>` sets `load_bound_slack`, `req<n>` `placement_request_tokens`.
+
+    continuum-router bench compare --plugin continuum_bench.fleet.cost_variants --workloads trace \\
+        --routers continuum-kv-precise-pen1-eps0.25,continuum-kv-precise-pen3-eps1 ...
+"""
+
+from __future__ import annotations
+
+from continuum_bench.fleet.continuum import KvStack, register_stack
+
+PENALTIES = (0.0, 1.0, 3.0, 6.0)
+EPSILONS = (0.25, 1.0, 2.0, 4.0)
+
+for _pen in PENALTIES:
+    for _eps in EPSILONS:
+        _name = f"continuum-kv-precise-pen{_pen:g}-eps{_eps:g}"
+        _cost = (("miss_penalty", _pen), ("load_factor_epsilon", _eps))
+        register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=_cost))
+
+_NO_STARTS = (("place_conversation_starts", False),)
+register_stack(
+    "continuum-kv-precise-nostarts",
+    KvStack("continuum-kv-precise-nostarts", "memory", "precise", "blocks", cost=_NO_STARTS),
+)
+register_stack(
+    "continuum-kv-precise-x3-nostarts",
+    KvStack("continuum-kv-precise-x3-nostarts", "memory", "precise", "blocks", replicas=3, cost=_NO_STARTS),
+)
+register_stack(
+    "continuum-kv-precise-x3-noload",
+    KvStack("continuum-kv-precise-x3-noload", "memory", "precise", "blocks", replicas=3, load_sharing=False),
+)
+
+for _slack in (0, 1, 2):
+    register_stack(
+        f"continuum-kv-precise-slack{_slack}",
+        KvStack(
+            f"continuum-kv-precise-slack{_slack}", "memory", "precise", "blocks", cost=(("load_bound_slack", _slack),)
+        ),
+    )
+
+for _req in (0, 256, 1024):
+    register_stack(
+        f"continuum-kv-precise-req{_req}",
+        KvStack(
+            f"continuum-kv-precise-req{_req}", "memory", "precise", "blocks", cost=(("placement_request_tokens", _req),)
+        ),
+    )
+
+# Conversation starts placed or not, with neither the bound's slack nor the per-request demand.
+for _starts in (True, False):
+    _name = "continuum-kv-precise-slack0-req0" if _starts else "continuum-kv-precise-nostarts-slack0-req0"
+    _overrides: tuple[tuple[str, float | bool], ...] = (
+        ("load_bound_slack", 0),
+        ("placement_request_tokens", 0),
+        ("place_conversation_starts", _starts),
+    )
+    register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=_overrides))

@@ -1,0 +1,212 @@
+"""The load driver: open-loop sessions over HTTP, streaming, with per-request timing.
+
+Every request is sent with `stream: true` and `stream_options.include_usage`, so time to first
+token is measured at the first content chunk and the usage chunk gives prompt, cached and
+completion tokens. Modes: `direct` is the built-in round-robin baseline (request i goes to engine
+i mod N); `prefix-hash` sends each request to engine `prefix_key mod N` (the shared prefix key of
+`continuum_common.hashing`, no load bounds: a sanity baseline for what sticky routing can gain);
+`url` sends everything to a router under test: one OpenAI-compatible base URL, or several (the
+replicas of one router), taken in turn per request as a round-robin load balancer would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from continuum_bench.fleet.ideal import IdealCache
+from continuum_bench.fleet.tokens import TokenCodec
+from continuum_bench.fleet.workloads import BenchRequest, Session, Workload
+from continuum_common.hashing import request_prefix_key
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    error: str | None
+    engine: int | None
+    sent_at: float  # real seconds since the run started
+    ttft: float | None  # real seconds
+    e2e: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ideal_hit_tokens: int
+    replica: int | None = None  # which router replica (url mode) took the request
+
+
+class Progress:
+    """A one-line progress bar on stderr, redrawn at most 5 times a second."""
+
+    def __init__(self, total: int, enabled: bool = True) -> None:
+        self.total = total
+        self.done = 0
+        self.errors = 0
+        self.in_flight = 0
+        self.enabled = enabled
+        self._last = 0.0
+        self._start = time.monotonic()
+
+    def update(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self._last < 0.2):
+            return
+        self._last = now
+        width = 30
+        filled = int(width * self.done / max(self.total, 1))
+        bar = "#" * filled + "." * (width - filled)
+        sys.stderr.write(
+            f"\r[{bar}] {self.done}/{self.total} done  {self.errors} errors  {self.in_flight} in flight  {now - self._start:6.1f}s "
+        )
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        self.update(force=True)
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+class Driver:
+    def __init__(
+        self,
+        targets: list[str],
+        *,
+        mode: str,
+        model: str,
+        time_scale: float,
+        ideals: list[IdealCache],
+        codec: TokenCodec,
+        request_timeout: float = 600.0,
+        progress: Progress | None = None,
+    ) -> None:
+        self.targets = targets
+        self.mode = mode
+        self.model = model
+        self.time_scale = time_scale
+        self.ideals = ideals  # the first one's hit is recorded per request
+        self.codec = codec
+        self.request_timeout = request_timeout
+        self.progress = progress or Progress(0, enabled=False)
+        self.results: list[RequestResult] = []
+        self._counter = 0
+        self._t0 = 0.0
+
+    async def run(self, workload: Workload) -> list[RequestResult]:
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
+        timeout = httpx.Timeout(self.request_timeout, connect=10.0)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+            self._t0 = time.monotonic()
+            async with asyncio.TaskGroup() as group:
+                for session in workload.sessions():
+                    delay = self._t0 + session.start * self.time_scale - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    group.create_task(self._run_session(client, session))
+        self.progress.finish()
+        return self.results
+
+    async def _run_session(self, client: httpx.AsyncClient, session: Session) -> None:
+        previous: str | None = None
+        while (request := session.next_request(previous)) is not None:
+            result, text = await self._send(client, request)
+            previous = text if result.ok else None
+            think = session.think_time()
+            if think > 0:
+                await asyncio.sleep(think * self.time_scale)
+
+    def _target(self, request: BenchRequest) -> tuple[str, int | None, int | None]:
+        """(base URL, engine index when the benchmark picks it, router replica index)."""
+        index = self._counter
+        self._counter += 1
+        if self.mode == "direct":
+            engine = index % len(self.targets)
+            return self.targets[engine], engine, None
+        if self.mode == "prefix-hash":
+            key = request_prefix_key({"model": self.model, **request.body}, enabled=True) or b"\0"
+            engine = int.from_bytes(key[:8], "big") % len(self.targets)
+            return self.targets[engine], engine, None
+        replica = index % len(self.targets)
+        return self.targets[replica], None, replica
+
+    def _ideal_send(self, prompt_ids: list[int]) -> int:
+        hits = [cache.on_send(prompt_ids) for cache in self.ideals]
+        return hits[0]
+
+    async def _send(self, client: httpx.AsyncClient, request: BenchRequest) -> tuple[RequestResult, str]:
+        base, engine, replica = self._target(request)
+        path = "/chat/completions" if request.api == "chat" else "/completions"
+        body = {"model": self.model, **request.body, "stream": True, "stream_options": {"include_usage": True}}
+        ideal_hit = self._ideal_send(request.prompt_ids)
+        sent = time.monotonic()
+        self.progress.in_flight += 1
+        self.progress.update()
+        text, error, ttft = "", None, None
+        usage: dict[str, Any] = {}
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                text, ttft, usage = await self._stream(client, base + path, body, request.api, sent)
+        except (httpx.HTTPError, TimeoutError, ValueError, KeyError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        end = time.monotonic()
+        self.progress.in_flight -= 1
+        ok = error is None
+        if ok:
+            output_ids = self.codec.encode(text)
+            for cache in self.ideals:
+                cache.on_complete(request.prompt_ids, output_ids)
+        details = usage.get("prompt_tokens_details") or {}
+        result = RequestResult(
+            ok=ok,
+            error=error,
+            engine=engine,
+            sent_at=sent - self._t0,
+            ttft=ttft,
+            e2e=(end - sent) if ok else None,
+            prompt_tokens=int(usage.get("prompt_tokens", len(request.prompt_ids))),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            ideal_hit_tokens=ideal_hit,
+            replica=replica,
+        )
+        self.results.append(result)
+        self.progress.done += 1
+        self.progress.errors += 0 if ok else 1
+        self.progress.update()
+        return result, text
+
+    async def _stream(
+        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], api: str, sent: float
+    ) -> tuple[str, float | None, dict[str, Any]]:
+        parts: list[str] = []
+        ttft: float | None = None
+        usage: dict[str, Any] = {}
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                detail = (await resp.aread())[:200].decode(errors="replace")
+                raise ValueError(f"HTTP {resp.status_code}: {detail}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                chunk = orjson.loads(data)
+                if "error" in chunk:
+                    raise ValueError(f"stream error: {str(chunk['error'])[:200]}")
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or ():
+                    piece = choice["delta"].get("content") if api == "chat" else choice.get("text")
+                    if piece:
+                        if ttft is None:
+                            ttft = time.monotonic() - sent
+                        parts.append(piece)
+        if ttft is None:
+            raise ValueError("the stream carried no content")
+        return "".join(parts), ttft, usage

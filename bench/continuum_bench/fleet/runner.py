@@ -1,0 +1,310 @@
+"""One fleet benchmark run: start (or attach to) the engines, drive the workload, collect, report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from continuum_bench.fleet.conversations import ConversationShape, ConversationsWorkload
+from continuum_bench.fleet.driver import Driver, Progress, RequestResult
+from continuum_bench.fleet.ideal import IdealCache
+from continuum_bench.fleet.report import MD_HEADER, markdown_row, summarize, write_outputs
+from continuum_bench.fleet.scrape import reset_all, scrape_all
+from continuum_bench.fleet.tokens import HfTokenizerFiles, Texts, TokenCodec, make_codec
+from continuum_bench.fleet.trace import TraceWorkload
+from continuum_bench.fleet.workloads import MultiTurnWorkload, SharedPromptWorkload, Workload
+from continuum_sim import (
+    EngineConfig,
+    EngineEndpoints,
+    KvEventsConfig,
+    SimFleet,
+    TimingConfig,
+    listener_sources,
+    router_backends,
+)
+
+BUILT_IN_ROUTERS = {"direct-round-robin": "direct", "direct-prefix-hash": "prefix-hash"}
+WORKLOADS = ("shared-prompt", "multi-turn", "trace", "conversations")
+
+
+@dataclass
+class FleetBenchOptions:
+    engines: int = 4
+    router: str = "direct-round-robin"
+    router_label: str | None = None
+    workload: str = "shared-prompt"
+    time_scale: float = 0.2
+    seed: int = 1
+    # engines
+    num_gpu_blocks: int = 1500
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_model_len: int = 16_384
+    kv_events_era: str = "map"
+    base_port: int = 0
+    zmq_base_port: int = 0
+    in_process: bool = False
+    fleet_file: str | None = None
+    reset: bool = True
+    tokenizer: str = "builtin"  # builtin | hf (the engines and the workloads use the same one)
+    hf_tokenizer: HfTokenizerFiles | None = None  # the trained files, when tokenizer == "hf"
+    # workloads
+    requests: int | None = None
+    rate: float | None = None
+    docs: int = 16
+    doc_tokens: int = 3000
+    question_tokens: int = 30
+    output_tokens: int | None = None
+    conversations: int = 64
+    turns: int = 6
+    system_prompts: int | None = None  # multi-turn 4; conversations 4
+    system_tokens: int | None = None  # multi-turn 1000
+    user_tokens: int = 80
+    think_time: float = 5.0
+    trace: str | None = None
+    trace_limit: int | None = None
+    trace_duration: float | None = None
+    duration: float | None = None  # conversations: seconds of conversation starts (600)
+    # outputs
+    out_dir: str = "bench/results"
+    name: str | None = None
+    plot: bool = True
+    progress: bool = True
+    print_backends: bool = False
+    write_backends: str | None = None
+    wait_for_router: float = 30.0
+    request_timeout: float = 600.0
+    command: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.router_label:
+            return self.router_label
+        if self.router in BUILT_IN_ROUTERS:
+            return self.router
+        return ",".join(u.split("//", 1)[-1].rstrip("/") for u in router_list(self.router))
+
+
+def router_list(router: str) -> list[str]:
+    """`--router` names one URL, or several (comma-separated) replicas of one router."""
+    return [u.strip() for u in router.split(",") if u.strip()]
+
+
+def build_workload(opts: FleetBenchOptions, texts: Texts) -> Workload:
+    if opts.workload == "shared-prompt":
+        return SharedPromptWorkload(
+            texts, requests=opts.requests or 400, rate=opts.rate or 8.0, docs=opts.docs, doc_tokens=opts.doc_tokens,
+            question_tokens=opts.question_tokens, output_tokens=opts.output_tokens or 64, seed=opts.seed,
+        )  # fmt: skip
+    if opts.workload == "multi-turn":
+        return MultiTurnWorkload(
+            texts, conversations=opts.conversations, turns=opts.turns, rate=opts.rate or 1.0,
+            system_prompts=opts.system_prompts or 4, system_tokens=opts.system_tokens or 1000, user_tokens=opts.user_tokens,
+            output_tokens=opts.output_tokens or 120, think_time=opts.think_time, seed=opts.seed,
+        )  # fmt: skip
+    if opts.workload == "trace":
+        kwargs: dict[str, Any] = {"limit": opts.trace_limit or opts.requests, "duration": opts.trace_duration}
+        if opts.trace:
+            kwargs["path"] = opts.trace
+        return TraceWorkload(texts, max_model_len=opts.max_model_len, **kwargs)
+    if opts.workload == "conversations":
+        shape = ConversationShape()
+        if opts.rate:
+            shape = replace(shape, rate=opts.rate)
+        if opts.system_prompts:
+            shape = replace(shape, system_prompts=opts.system_prompts)
+        return ConversationsWorkload(
+            texts, duration=opts.duration or 600.0, seed=opts.seed, max_model_len=opts.max_model_len, shape=shape
+        )
+    raise ValueError(f"unknown workload {opts.workload!r}; choose one of {', '.join(WORKLOADS)}")
+
+
+def codec_for(opts: FleetBenchOptions) -> TokenCodec:
+    return make_codec(opts.tokenizer, opts.hf_tokenizer)
+
+
+def engine_configs(opts: FleetBenchOptions) -> list[EngineConfig]:
+    extra: dict[str, Any] = {}
+    if opts.tokenizer == "hf":
+        if opts.hf_tokenizer is None:
+            raise ValueError("--tokenizer hf needs the trained tokenizer files")
+        # EngineConfig's tokenizer / chat_template: the engine tokenizes with these files.
+        extra = {"tokenizer": str(opts.hf_tokenizer.tokenizer), "chat_template": str(opts.hf_tokenizer.chat_template)}
+    base = EngineConfig(
+        num_gpu_blocks=opts.num_gpu_blocks,
+        block_size=opts.block_size,
+        max_num_seqs=opts.max_num_seqs,
+        max_model_len=opts.max_model_len,
+        timing=TimingConfig(time_scale=opts.time_scale),
+        **extra,
+    )
+    configs = []
+    for i in range(opts.engines):
+
+        def port(b: int, off: int) -> int:
+            return b + off if b else 0
+
+        kv = KvEventsConfig(
+            endpoint=f"tcp://127.0.0.1:{port(opts.zmq_base_port, 2 * i)}",
+            replay_endpoint=f"tcp://127.0.0.1:{port(opts.zmq_base_port, 2 * i + 1)}",
+            era=opts.kv_events_era,  # type: ignore[arg-type]
+        )
+        configs.append(replace(base, name=f"sim-{i}", port=port(opts.base_port, i), kv_events=kv))
+    return configs
+
+
+def _read_json(path: str) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def _write_text(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
+@contextlib.asynccontextmanager
+async def open_fleet(opts: FleetBenchOptions) -> AsyncIterator[tuple[list[EngineEndpoints], int]]:
+    """The engines to drive and the pid whose memory to sample."""
+    if opts.fleet_file:
+        data = _read_json(opts.fleet_file)
+        yield [EngineEndpoints.from_dict(e) for e in data["engines"]], int(data["pid"])
+        return
+    async with SimFleet(configs=engine_configs(opts), process=not opts.in_process) as fleet:
+        yield fleet.endpoints, fleet.pid or os.getpid()
+
+
+def backends_document(endpoints: list[EngineEndpoints]) -> dict[str, Any]:
+    """Router `backends:` and listener `sources:` for these engines, plus their raw endpoints."""
+    return {
+        "backends": router_backends(endpoints),
+        "sources": listener_sources(endpoints),
+        "engines": [e.to_dict() for e in endpoints],
+    }
+
+
+class RssSampler:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[float] = []
+
+    def sample(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    self.samples.append(int(line.split()[1]) / 1024)
+
+    async def run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(0.5)
+
+    def summary(self) -> dict[str, Any] | None:
+        if not self.samples:
+            return None
+        # Ten evenly spaced samples show whether memory levels off or keeps growing.
+        step = max(1, len(self.samples) // 10)
+        timeline = [round(x, 1) for x in self.samples[::step]]
+        return {"start": self.samples[0], "peak": max(self.samples), "end": self.samples[-1], "timeline": timeline}
+
+
+async def wait_for_router(base: str, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(base + "/models")).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"router {base} did not answer GET /models within {wait_s:.0f}s")
+            await asyncio.sleep(0.5)
+
+
+def router_base(router: str) -> str:
+    base = router.rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+async def run_fleet_bench(
+    opts: FleetBenchOptions, *, before_run: Callable[[], None] | None = None
+) -> tuple[dict[str, Any], list[RequestResult]]:
+    """One run; `before_run` is called right before the first request is sent (after the
+    router answered its readiness probe and the engines' caches were reset)."""
+    codec = codec_for(opts)
+    workload = build_workload(opts, Texts(codec))
+    async with open_fleet(opts) as (endpoints, pid):
+        if opts.write_backends:
+            _write_text(opts.write_backends, yaml.safe_dump(backends_document(endpoints), sort_keys=False))
+        if opts.print_backends:
+            print(yaml.safe_dump(backends_document(endpoints), sort_keys=False), flush=True)
+        mode = BUILT_IN_ROUTERS.get(opts.router, "url")
+        direct = mode != "url"
+        targets = (
+            [e.openai_base_url for e in endpoints] if direct else [router_base(u) for u in router_list(opts.router)]
+        )
+        if not direct:
+            await asyncio.gather(*(wait_for_router(t, opts.wait_for_router) for t in targets))
+        urls = [e.url for e in endpoints]
+        capacity = sum(e.num_gpu_blocks - 1 for e in endpoints)
+        ideal, unbounded = IdealCache(capacity, endpoints[0].block_size), IdealCache(None, endpoints[0].block_size)
+        driver = Driver(
+            targets, mode=mode, model=endpoints[0].model, time_scale=opts.time_scale,
+            ideals=[ideal, unbounded], codec=codec, request_timeout=opts.request_timeout,
+            progress=Progress(workload.total_requests, enabled=opts.progress),
+        )  # fmt: skip
+        sampler = RssSampler(pid)
+        async with httpx.AsyncClient() as http:
+            if opts.reset:
+                await reset_all(http, urls)
+            before = await scrape_all(http, urls)
+            sampling = asyncio.create_task(sampler.run())
+            if before_run is not None:
+                before_run()
+            start = time.monotonic()
+            try:
+                results = await driver.run(workload)
+            finally:
+                sampling.cancel()
+            duration = time.monotonic() - start
+            await asyncio.sleep(0.05)  # let the engines publish the last step's counters
+            after = await scrape_all(http, urls)
+            sampler.sample()
+    deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
+    summary = summarize(
+        results, deltas, [e.name for e in endpoints], ideal=ideal.hit_rate, ideal_unbounded=unbounded.hit_rate,
+        time_scale=opts.time_scale, duration_real=duration, replicas=None if direct else targets,
+    )  # fmt: skip
+    e0 = endpoints[0]
+    report = {
+        "name": opts.name or f"fleet-{opts.workload}-{opts.label.replace('/', '_').replace(':', '_')}",
+        "command": opts.command,
+        "router": opts.label,
+        "engines": len(endpoints),
+        "time_scale": opts.time_scale,
+        "engine_config": {
+            "num_gpu_blocks": e0.num_gpu_blocks,
+            "block_size": e0.block_size,
+            "kv_capacity_tokens_per_engine": e0.kv_capacity_tokens,
+            "max_num_seqs": opts.max_num_seqs,
+            "max_model_len": opts.max_model_len,
+            "tokenizer": opts.tokenizer,
+        },
+        "workload": workload.describe(),
+        "results": summary,
+        "rss_mb": sampler.summary(),
+    }
+    return report, results
+
+
+def report_and_print(report: dict[str, Any], results: list[RequestResult], opts: FleetBenchOptions) -> list[Path]:
+    paths = write_outputs(report, results, Path(opts.out_dir), plot=opts.plot)
+    print(MD_HEADER + markdown_row(report), end="")
+    return paths

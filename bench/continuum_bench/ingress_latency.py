@@ -1,0 +1,389 @@
+"""Ingress overhead benchmark (`python -m continuum_bench.ingress_latency`).
+
+Measures what the ingress adds over calling a fast local backend directly, non-streamed chat
+completions over keep-alive HTTP/1.1:
+
+* added latency at concurrency 1 and 64 (p50 / p99 of ingress minus direct), and
+* requests/s through the ingress at concurrency 64.
+
+Three processes, so the ingress is measured as it runs in production: a minimal canned-answer
+backend (raw asyncio protocol on uvloop, ~20 µs per request), the ingress
+(`python -m continuum_ingress serve`, PrefixAwareHash over 3 backend entries on that server, so
+the Tier 1 path runs), and a load generator (raw asyncio streams on uvloop, one connection per
+concurrent client). Targets: <= 1 ms added p50 at concurrency 1, >= 1,500 req/s.
+
+`--workers 1 2` measures one `serve` per value of `server.workers`, all started at once on their
+own ports; each repeat runs direct, then every ingress in turn (interleaved rounds, so a change
+in machine load hits every variant alike).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import uvloop
+import yaml
+
+MODEL = "bench-model"
+SYSTEM = "You are a concise assistant for the Continuum benchmark. " * 4
+BODY = json.dumps(
+    {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say hello."}],
+        "max_tokens": 16,
+        "temperature": 0.7,
+    }
+).encode()
+ANSWER = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 60, "completion_tokens": 2, "total_tokens": 62},
+    }
+).encode()
+
+
+# -- the fast backend ---------------------------------------------------------------------
+class _Backend(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buf = b""
+        self.transport: asyncio.WriteTransport | None = None
+        self.reply = (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(ANSWER)).encode()
+            + b"\r\n\r\n"
+            + ANSWER
+        )
+        self.health = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+        # The peer routers learn a worker's model from GET /v1/models.
+        models = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "bench"}]})
+        self.models = (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(models)).encode()
+            + b"\r\n\r\n"
+            + models.encode()
+        )
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].lower()
+            length = 0
+            at = head.find(b"content-length:")
+            if at >= 0:
+                length = int(head[at + 15 :].split(b"\r\n", 1)[0])
+            total = end + 4 + length
+            if len(self.buf) < total:
+                return
+            is_get = head.startswith(b"get")
+            self.buf = self.buf[total:]
+            assert self.transport is not None
+            if is_get:
+                self.transport.write(self.models if head.startswith(b"get /v1/models") else self.health)
+            else:
+                self.transport.write(self.reply)
+
+
+async def _serve_backend(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Backend, "127.0.0.1", port, backlog=2048)
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+# -- the load generator -------------------------------------------------------------------
+async def _client(port: int, path: str, deadline: float, latencies: list[float]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = (
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer bench\r\ncontent-length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
+    clock = time.perf_counter
+    while clock() < deadline:
+        start = clock()
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        lower = head.lower()
+        at = lower.find(b"content-length:")
+        length = int(lower[at + 15 :].split(b"\r\n", 1)[0])
+        await reader.readexactly(length)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(head.decode(errors="replace"))
+        latencies.append(clock() - start)
+    writer.close()
+
+
+async def _load(port: int, concurrency: int, seconds: float, warmup: float) -> dict[str, float]:
+    path = "/v1/chat/completions"
+    if warmup:
+        await asyncio.gather(*(_client(port, path, time.perf_counter() + warmup, []) for _ in range(concurrency)))
+    latencies: list[float] = []
+    start = time.perf_counter()
+    await asyncio.gather(*(_client(port, path, start + seconds, latencies) for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+    return {
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+    }
+
+
+# -- orchestration ------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+def _run_load(port: int, concurrency: int, seconds: float, warmup: float) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "continuum_bench.ingress_latency",
+            "load",
+            str(port),
+            str(concurrency),
+            str(seconds),
+            str(warmup),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _config(
+    backend_port: int, workdir: Path, *, workers: int = 1, strategy: str = "PrefixAwareHash", tracing: bool = False
+) -> Path:
+    url = f"http://127.0.0.1:{backend_port}"
+    data: dict[str, object] = {
+        "server": {"workers": workers},
+        "selection_strategy": strategy,
+        "prefix_routing": {"enabled": strategy == "PrefixAwareHash"},
+        "backends": [
+            {"name": f"b{i}", "url": url, "type": "vllm", "models": [MODEL], "health_check_interval_ms": 5000}
+            for i in range(3)
+        ],
+    }
+    if tracing:
+        # Every request traced and exported; the canned backend takes the OTLP posts (any POST
+        # gets a 200), so the cost measured is the router's, not a collector's.
+        data["tracing"] = {"enabled": True, "otlp_endpoint": f"{url}/v1/traces", "sample_ratio": 1.0}
+    path = workdir / f"bench-config-{workers}{'-traced' if tracing else ''}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _source_path(checkout: Path) -> str:
+    """PYTHONPATH that runs the services of another Continuum checkout (`--baseline`)."""
+    parts = ["libs/common", "services/ingress", "services/indexer", "services/listener", "services/gemini-cache"]
+    return os.pathsep.join([*(str(checkout / p) for p in parts), str(checkout / "services/sim-engine"), str(checkout)])
+
+
+def _start_ingress(config: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`serve` on `port`, returned once it (every worker of it) listens: it prints one line then."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "continuum_ingress", "serve", "--config", str(config), "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if "listening on" not in line:
+        proc.kill()
+        raise RuntimeError(f"the ingress did not start (exit {proc.wait()})")
+    return proc
+
+
+PEER_POLICIES = {"RoundRobin": "round_robin", "PrefixAwareHash": "cache_aware"}
+
+
+def _admitted(listing: Any) -> bool:
+    """smg's GET /workers shows the worker "ready"; vllm-router's GET /list_workers lists it."""
+    if not isinstance(listing, dict):
+        return False
+    workers = listing.get("workers")
+    if isinstance(workers, list):
+        return any(isinstance(w, dict) and w.get("status") == "ready" for w in workers)
+    return bool(listing.get("urls"))
+
+
+def _start_peer(name: str, backend_port: int, strategy: str, workdir: Path) -> tuple[int, subprocess.Popen[bytes]]:
+    """smg or vllm-router in front of the canned backend (the policy closest to `strategy`),
+    returned once it lists the backend as a ready worker."""
+    from continuum_bench.peers.common import peer_binary
+
+    port, metrics = _free_port(), _free_port()
+    policy = PEER_POLICIES[strategy]
+    common = ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1"]
+    common += ["--prometheus-port", str(metrics), "--policy", policy]
+    backend = f"http://127.0.0.1:{backend_port}"
+    if name == "smg":
+        argv = [*peer_binary("smg"), "launch", *common, "--log-level", "warn", "--worker-urls", backend]
+        listing = "/workers"
+    else:
+        argv = [*peer_binary("vllm-router"), *common, "--log-level", "warning", "--worker-urls", backend]
+        listing = "/list_workers"
+    log = (workdir / f"{name}.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}; see {workdir / name}.log")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{listing}", timeout=1) as answer:
+                if _admitted(json.loads(answer.read())):
+                    return port, proc
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{name} did not admit its worker")
+
+
+def _variants(args: argparse.Namespace, backend_port: int, tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Every router measured, by name: Continuum per `--workers` value (and traced with
+    `--tracing`), then each peer of `--peers`."""
+    out: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+    for workers in args.workers:
+        for traced in (False, True) if args.tracing else (False,):
+            name = f"continuum w{workers}" + (" traced" if traced else "")
+            port = _free_port()
+            config = _config(backend_port, tmp, workers=workers, strategy=args.strategy, tracing=traced)
+            out[name] = (port, _start_ingress(config, port, env))
+    if args.baseline is not None:
+        port = _free_port()
+        config = _config(backend_port, tmp, workers=1, strategy=args.strategy)
+        out["baseline w1"] = (port, _start_ingress(config, port, {**env, "PYTHONPATH": _source_path(args.baseline)}))
+    for peer in args.peers:
+        out[peer] = _start_peer(peer, backend_port, args.strategy, tmp)
+    return out
+
+
+def main_bench(args: argparse.Namespace) -> None:
+    backend_port = _free_port()
+    env = {**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING"}
+    routers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = subprocess.Popen(
+            [sys.executable, "-m", "continuum_bench.ingress_latency", "backend", str(backend_port)], env=env
+        )
+        try:
+            _wait_port(backend_port, backend)
+            routers = _variants(args, backend_port, Path(tmp), env)
+            rows: list[tuple[int, str, dict[str, float], dict[str, float]]] = []
+            for concurrency in args.concurrency:
+                direct: list[dict[str, float]] = []
+                via: dict[str, list[dict[str, float]]] = {name: [] for name in routers}
+                for _ in range(args.repeats):
+                    direct.append(_run_load(backend_port, concurrency, args.seconds, args.warmup))
+                    for name, (port, _proc) in routers.items():
+                        via[name].append(_run_load(port, concurrency, args.seconds, args.warmup))
+                for name, runs in via.items():
+                    rows.append((concurrency, name, _median(direct), _median(runs)))
+        finally:
+            for _port, proc in routers.values():
+                proc.terminate()
+                proc.wait(60)
+            backend.terminate()
+            backend.wait(10)
+    _report(args, rows)
+
+
+def _report(args: argparse.Namespace, rows: list[tuple[int, str, dict[str, float], dict[str, float]]]) -> None:
+    print(f"strategy {args.strategy}; median of {args.repeats} run(s) x {args.seconds:g} s per cell")
+    print(
+        f"{'conc':>4} {'router':>22} | {'direct p50':>10} {'p99':>8} | {'router p50':>10} {'p99':>8} | "
+        f"{'added p50':>9} {'p99':>8} | {'router req/s':>12} {'direct req/s':>12}"
+    )
+    for concurrency, name, d, v in rows:
+        print(
+            f"{concurrency:>4} {name:>22} | {d['p50_ms']:>8.3f}ms {d['p99_ms']:>6.2f}ms | "
+            f"{v['p50_ms']:>8.3f}ms {v['p99_ms']:>6.2f}ms | "
+            f"{v['p50_ms'] - d['p50_ms']:>7.3f}ms {v['p99_ms'] - d['p99_ms']:>6.2f}ms | "
+            f"{v['rps']:>12.0f} {d['rps']:>12.0f}"
+        )
+    print("targets: added p50 <= 1 ms at concurrency 1; >= 1500 req/s non-stream through the ingress;")
+    print("with --peers: req/s at concurrency 64 >= the best peer's, p99 <= 1.5x the best peer's")
+
+
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "backend":
+        uvloop.run(_serve_backend(int(sys.argv[2])))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "load":
+        port, concurrency, seconds, warmup = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+        print(json.dumps(uvloop.run(_load(port, concurrency, seconds, warmup))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is reported")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[1], help="server.workers of the ingress; several values: one each"
+    )
+    parser.add_argument("--strategy", default="PrefixAwareHash", choices=["PrefixAwareHash", "RoundRobin"])
+    parser.add_argument(
+        "--peers",
+        default="",
+        type=lambda v: [p for p in v.split(",") if p],
+        help="peer routers measured in the same rounds: smg,vllm-router (policy: round_robin for "
+        "RoundRobin, cache_aware for PrefixAwareHash; `pip install -e '.[peers]'`)",
+    )
+    parser.add_argument("--tracing", action="store_true", help="also measure each Continuum with every request traced")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another Continuum checkout (e.g. a git worktree of an earlier commit) measured beside, one worker",
+    )
+    main_bench(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,0 @@
-import sys
-
-from bench.fleet.cli import main
-
-sys.exit(main())
