@@ -494,6 +494,17 @@ def test_lookup_memo() -> None:
     assert disabled.get(("b", "1")) is None
 
 
+def test_lookup_memo_evicts_the_least_recently_used() -> None:
+    memo = LookupMemo(60.0, max_entries=2, clock=lambda: 0.0)
+    hit = LookupReply(LookupResult.HIT, cached_content="cachedContents/a", expire_at=1e12)
+    memo.put(("b", "old"), hit)
+    memo.put(("b", "new"), hit)
+    assert memo.get(("b", "old")) is hit  # used again: now the most recent
+    memo.put(("b", "third"), hit)
+    assert memo.get(("b", "old")) is hit
+    assert memo.get(("b", "new")) is None  # the least recently used went, not the oldest insert
+
+
 # --------------------------------------------------------------------------- Responses API
 
 

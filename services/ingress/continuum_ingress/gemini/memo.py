@@ -36,6 +36,8 @@ class LookupMemo:
         if item[0] <= self._clock():
             del self._entries[key]
             return None
+        # A hit makes the entry the most recently used: eviction takes the least recently used.
+        self._entries.move_to_end(key)
         return item[1]
 
     def put(self, key: MemoKey, reply: LookupReply, ttl_s: float | None = None) -> None:
