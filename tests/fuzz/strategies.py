@@ -104,10 +104,6 @@ texts = st.one_of(st.text(max_size=40), st.sampled_from(EDGE_TEXT))
 token_ids = st.integers(min_value=0, max_value=2**31 - 1)
 
 
-def _optional(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
-    return st.fixed_dictionaries({}, optional=fields)
-
-
 _openai_part = st.one_of(
     st.fixed_dictionaries({"type": st.just("text"), "text": texts}),
     st.fixed_dictionaries(

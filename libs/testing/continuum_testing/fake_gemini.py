@@ -183,17 +183,11 @@ class FakeGemini:
     def calls_for(self, op: Op) -> list[RecordedCall]:
         return [c for c in self.calls if c.op is op]
 
-    def reset_calls(self) -> None:
-        self.calls.clear()
-
     def inject(self, op: Op, status: int | None = 500, *, body: Any = None, delay: float = 0.0, times: int = 1) -> None:
         """Queue `times` faults for the next calls of `op`: answer `status` with `body` (a
         Google error body for that status by default) after `delay` seconds."""
         for _ in range(times):
             self._faults[op].append(Fault(status, body, delay))
-
-    def clear_faults(self) -> None:
-        self._faults.clear()
 
     def live_caches(self) -> dict[str, FakeCache]:
         now = self.clock()

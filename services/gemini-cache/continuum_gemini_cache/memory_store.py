@@ -200,9 +200,6 @@ class MemoryStore:
     async def acquire_extend_lock(self, backend: str, digest: str, token: str, ttl_ms: int) -> bool:
         return self._acquire(self._extend_locks, f"{backend}:{digest}", token, ttl_ms)
 
-    async def release_extend_lock(self, backend: str, digest: str, token: str) -> None:
-        self._release(self._extend_locks, f"{backend}:{digest}", token)
-
     # ---------------------------------------------------------------- counts and counters
 
     async def counts(self) -> Counts:

@@ -24,7 +24,3 @@ class DetokenizeError(ListenerError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-class ReplayError(ListenerError):
-    """A ZMQ replay request did not complete (timeout, malformed reply)."""

@@ -60,10 +60,6 @@ class EngineEndpoints:
         return self.url + "/detokenize"
 
     @property
-    def metrics_url(self) -> str:
-        return self.url + "/metrics"
-
-    @property
     def kv_capacity_tokens(self) -> int:
         return (self.num_gpu_blocks - 1) * self.block_size
 

@@ -279,12 +279,3 @@ class SimEngine:
         self.metrics.waiting.set(len(self.scheduler.waiting))
         self.metrics.kv_usage.set(self.pool.usage())
         self.metrics.cached_hashes.set(self.pool.num_cached_hashes)
-
-
-def make_seed(value: object) -> int | None:
-    """A request's `seed` as an int, or None; bools and floats are refused."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest("'seed' must be an integer", param="seed")
-    return value

@@ -260,9 +260,6 @@ class RedisStore:
     async def acquire_extend_lock(self, backend: str, digest: str, token: str, ttl_ms: int) -> bool:
         return bool(await self._call(self._lock, [f"{self._base}ext:{backend}:{digest}"], [token, ttl_ms, ""]))
 
-    async def release_extend_lock(self, backend: str, digest: str, token: str) -> None:
-        await self._call(self._unlock, [f"{self._base}ext:{backend}:{digest}"], [token, ""])
-
     async def counts(self) -> Counts:
         try:
             raw = await self._client.hgetall(self._keys[4])

@@ -20,10 +20,6 @@ class Api(StrEnum):
     def error_style(self) -> ErrorStyle:
         return ErrorStyle.ANTHROPIC if self is Api.MESSAGES else ErrorStyle.OPENAI
 
-    @property
-    def can_stream(self) -> bool:
-        return self is not Api.EMBEDDINGS
-
 
 CLIENT_PATHS: dict[str, Api] = {
     "/v1/chat/completions": Api.CHAT,

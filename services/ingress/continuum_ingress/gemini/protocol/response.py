@@ -204,7 +204,3 @@ def openai_error(code: int | None, status: str, message: str) -> dict[str, Any]:
             "code": status.lower() if status else None,
         }
     }
-
-
-def is_google_error(body: Any) -> bool:
-    return google_error_fields(body)[0] is not None or (isinstance(body, dict) and isinstance(body.get("error"), dict))
