@@ -167,9 +167,11 @@ class ProcessStack:
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        await asyncio.gather(self.nats.start(), self.redis.start())
+        # Two phases, each started in parallel (a Python process takes seconds to import on a busy
+        # 2-core machine): what the services connect to, then the services. The engines need
+        # nothing; the indexers and the listener retry NATS and the stream until they exist.
         self.engines = [self._engine(i) for i in range(self.options.engines)]
-        await asyncio.gather(*(e.start() for e in self.engines))
+        await asyncio.gather(self.nats.start(), self.redis.start(), *(e.start() for e in self.engines))
         self.endpoints = [_read_endpoint(self.root / f"engine-{i}.json") for i in range(len(self.engines))]
         router_file = self.root / "router.yaml"
         router_file.write_text(yaml.safe_dump(self.router_config(), sort_keys=False))
@@ -199,9 +201,14 @@ class ProcessStack:
             self.root,
             self.router_port,
         )
-        await self.listener.start()
-        await asyncio.gather(*(i.start() for i in self.indexers))
-        await self.router.start()
+        await asyncio.gather(self.listener.start(), *(i.start() for i in self.indexers), self.router.start())
+
+    async def restore(self) -> None:
+        """Start again whatever a drill left stopped (a drill that failed half-way), bus and
+        stores first, so several drills can share one stack."""
+        processes = self.processes()
+        await asyncio.gather(*(p.start() for n, p in processes.items() if n in ("nats", "redis")))
+        await asyncio.gather(*(p.start() for n, p in processes.items() if n not in ("nats", "redis")))
 
     async def close(self) -> None:
         services: list[ManagedProcess] = [*self.engines, *self.indexers]
@@ -257,6 +264,16 @@ class ProcessStack:
 
     async def router_metrics(self) -> dict[str, float]:
         return await self.metrics(self.url + "/metrics")
+
+    async def backend_healthy(self, backend: str, within: float = 15.0) -> bool:
+        """Wait until the router takes traffic to `backend` again (`continuum_backend_healthy`)."""
+        key = f'continuum_backend_healthy{{backend="{backend}"}}'
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if (await self.router_metrics()).get(key) == 1.0:
+                return True
+            await asyncio.sleep(0.1)
+        return False
 
     async def admin(self, path: str) -> Any:
         async with httpx.AsyncClient(timeout=5, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as client:

@@ -27,6 +27,23 @@ def report(request: pytest.FixtureRequest) -> Report:
     return write
 
 
+@pytest.fixture(scope="module")
+async def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ProcessStack]:
+    """One stack with the default options for every drill that needs no options of its own:
+    starting nine processes costs more than most drills, and each drill leaves the stack whole."""
+    async with ProcessStack(tmp_path_factory.mktemp("shared-stack"), StackOptions()) as stack:
+        yield stack
+
+
+@pytest.fixture
+async def stack(shared_stack: ProcessStack) -> ProcessStack:
+    """The shared stack, whole again (a failed drill may have left a part stopped) and with its
+    index converged on the engines before the drill starts."""
+    await shared_stack.restore()
+    await shared_stack.converged(20.0)
+    return shared_stack
+
+
 @pytest.fixture
 async def make_stack(tmp_path: Path) -> AsyncIterator[Callable[..., ProcessStack]]:
     stacks: list[ProcessStack] = []

@@ -36,87 +36,84 @@ async def converged(stack: ProcessStack, report: Report, name: str, within: floa
     assert engines and all(index.get(k, 0) == v for k, v in engines.items()), (index, engines)
 
 
-async def test_redis_killed_and_restarted(make_stack: StackFactory, report: Report) -> None:
-    async with make_stack() as stack:
+async def test_redis_killed_and_restarted(stack: ProcessStack, report: Report) -> None:
 
-        async def outage() -> None:
-            await stack.redis.kill()
-            await asyncio.sleep(2)
-            await stack.redis.start()
+    async def outage() -> None:
+        await stack.redis.kill()
+        await asyncio.sleep(2)
+        await stack.redis.start()
 
-        load = await under_load(stack, 1.5, outage, 3)
-        report(load.line("redis kill -9, back after 2 s"))
-        metrics = await stack.router_metrics()
-        assert load.lost == 0
-        assert load.sent >= RATE * 6
-        # The response cache fell back to memory and came back once.
-        episodes = {k: v for k, v in metrics.items() if "fallback" in k and k.endswith("_total")}
-        report(f"redis kill: router fallback counters {episodes}")
-        await converged(stack, report, "redis kill")
-
-
-async def test_nats_killed_and_restarted(make_stack: StackFactory, report: Report) -> None:
-    async with make_stack() as stack:
-
-        async def outage() -> None:
-            await stack.nats.kill()
-            await asyncio.sleep(2)
-            await stack.nats.start()  # same port, same JetStream store
-
-        load = await under_load(stack, 1.5, outage, 4)
-        report(load.line("nats kill -9, back after 2 s"))
-        assert load.lost == 0
-        await converged(stack, report, "nats kill")
+    load = await under_load(stack, 1.5, outage, 3)
+    report(load.line("redis kill -9, back after 2 s"))
+    metrics = await stack.router_metrics()
+    assert load.lost == 0
+    assert load.sent >= RATE * 6
+    # The response cache fell back to memory and came back once.
+    episodes = {k: v for k, v in metrics.items() if "fallback" in k and k.endswith("_total")}
+    report(f"redis kill: router fallback counters {episodes}")
+    await converged(stack, report, "redis kill")
 
 
-async def test_an_indexer_killed_mid_batch_while_its_replica_carries_on(
-    make_stack: StackFactory, report: Report
-) -> None:
-    async with make_stack() as stack:
-        load = await under_load(stack, 1.5, stack.indexers[0].kill, 3)
-        report(load.line("indexer0 kill -9 (indexer1 carries on)"))
-        assert load.lost == 0
-        await converged(stack, report, "indexer kill")
-        await stack.indexers[0].start()
-        async with Load(stack.url, rate=RATE) as more:
-            await asyncio.sleep(2)
-        assert more.report.lost == 0
-        await converged(stack, report, "indexer restarted")
+async def test_nats_killed_and_restarted(stack: ProcessStack, report: Report) -> None:
+
+    async def outage() -> None:
+        await stack.nats.kill()
+        await asyncio.sleep(2)
+        await stack.nats.start()  # same port, same JetStream store
+
+    load = await under_load(stack, 1.5, outage, 4)
+    report(load.line("nats kill -9, back after 2 s"))
+    assert load.lost == 0
+    await converged(stack, report, "nats kill")
 
 
-async def test_the_listener_killed_and_restarted(make_stack: StackFactory, report: Report) -> None:
-    async with make_stack() as stack:
-        assert stack.listener is not None
-        listener = stack.listener
-
-        async def restart() -> None:
-            await listener.kill()
-            await asyncio.sleep(2)  # engines keep publishing into the void meanwhile
-            await listener.start()
-
-        load = await under_load(stack, 1.5, restart, 3)
-        report(load.line("listener kill -9, back after 2 s"))
-        assert load.lost == 0
-        # A new listener starts a new epoch per engine and replays the engines' buffers.
-        await converged(stack, report, "listener restart")
+async def test_an_indexer_killed_mid_batch_while_its_replica_carries_on(stack: ProcessStack, report: Report) -> None:
+    load = await under_load(stack, 1.5, stack.indexers[0].kill, 3)
+    report(load.line("indexer0 kill -9 (indexer1 carries on)"))
+    assert load.lost == 0
+    await converged(stack, report, "indexer kill")
+    await stack.indexers[0].start()
+    async with Load(stack.url, rate=RATE) as more:
+        await asyncio.sleep(2)
+    assert more.report.lost == 0
+    await converged(stack, report, "indexer restarted")
 
 
-async def test_an_engine_killed_and_restarted_with_its_sequence_reset(make_stack: StackFactory, report: Report) -> None:
-    async with make_stack() as stack:
-        engine = stack.engines[0]
+async def test_the_listener_killed_and_restarted(stack: ProcessStack, report: Report) -> None:
+    assert stack.listener is not None
+    listener = stack.listener
 
-        async def crash() -> None:
-            await engine.kill()
-            await asyncio.sleep(2)
-            await engine.start()  # a new incarnation on the same ports: its seq starts again
+    async def restart() -> None:
+        await listener.kill()
+        await asyncio.sleep(2)  # engines keep publishing into the void meanwhile
+        await listener.start()
 
-        load = await under_load(stack, 2, crash, 3)
-        report(load.line("engine0 kill -9, back after 2 s"))
-        # Only streams already flowing from the engine when it died can be lost (they end with an
-        # error event); everything else is retried on another engine.
-        assert set(load.failures) <= {"stream_error_event"}, load.failures
-        assert load.lost <= 5
-        await converged(stack, report, "engine restart")
+    load = await under_load(stack, 1.5, restart, 3)
+    report(load.line("listener kill -9, back after 2 s"))
+    assert load.lost == 0
+    # A new listener starts a new epoch per engine and replays the engines' buffers.
+    await converged(stack, report, "listener restart")
+
+
+async def test_an_engine_killed_and_restarted_with_its_sequence_reset(stack: ProcessStack, report: Report) -> None:
+    engine = stack.engines[0]
+
+    async def crash() -> None:
+        await engine.kill()
+        await asyncio.sleep(2)
+        await engine.start()  # a new incarnation on the same ports: its seq starts again
+        # The index learns of the new incarnation from its first events, so the drill goes on
+        # until the router sends it traffic again (its health check takes up to a few seconds
+        # on a busy machine).
+        await stack.backend_healthy(stack.endpoints[0].name, within=15.0)
+
+    load = await under_load(stack, 2, crash, 3)
+    report(load.line("engine0 kill -9, back after 2 s"))
+    # Only streams already flowing from the engine when it died can be lost (they end with an
+    # error event); everything else is retried on another engine.
+    assert set(load.failures) <= {"stream_error_event"}, load.failures
+    assert load.lost <= 5
+    await converged(stack, report, "engine restart")
 
 
 async def test_a_hung_engine_does_not_hold_its_clients(make_stack: StackFactory, report: Report) -> None:
