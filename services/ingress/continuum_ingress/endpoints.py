@@ -18,10 +18,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from continuum_common.tracing import Tracing
-from continuum_ingress.adapters.forward import Forwarder, response_headers
 from continuum_ingress.asgi import Channel, ClientGone, DisconnectWatch, Receive, Scope, Send, read_body, read_headers
 from continuum_ingress.config import ConfigHolder
 from continuum_ingress.errors import RequestError
+from continuum_ingress.forwarding import Forwarder, response_headers
 from continuum_ingress.hooks import CachedResponse, CacheLookup
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline

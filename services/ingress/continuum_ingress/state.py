@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from continuum_common.ring import RouteLabel
-from continuum_ingress.adapters.dialects import ClientHeaders
 from continuum_ingress.policy.scorer import HoldingTier
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.client_headers import ClientHeaders
 from continuum_ingress.protocol.requests import ParsedRequest
 from continuum_ingress.request_trace import RequestTrace
 

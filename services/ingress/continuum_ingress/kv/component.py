@@ -11,7 +11,7 @@ Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns
 * the decision share (kv/adapters/decisions.py): routing decisions to and from the other
   ingress replicas over NATS;
 * the hand-off of the other replicas' routing decisions to the shared load view
-  (adapters/load_share.py, which the app owns and runs on this component's NATS connection);
+  (load_share.py, which the app owns and runs on this component's NATS connection);
 * a watch that forgets what was recorded about a backend whose engine cleared its cache (the
   block index's per-backend generation);
 * the prefix-key index it reads:
@@ -48,7 +48,6 @@ from continuum_common.kvindex.blocks import BlockIndexReader, MatchQuery
 from continuum_common.redis_client import RedisClient
 from continuum_common.wire.decisions import Decision, replica_id
 from continuum_indexer.embedded import EmbeddedKvIndex
-from continuum_ingress.adapters.load_share import LoadShare
 from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.kv.adapters.bus import BusReader, connect_client
 from continuum_ingress.kv.adapters.decisions import DecisionShare
@@ -57,6 +56,7 @@ from continuum_ingress.kv.metrics import KvScorerMetrics
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.selector import KvSelector
 from continuum_ingress.kv.speculative import SpeculativeEntries
+from continuum_ingress.load_share import LoadShare
 from continuum_ingress.policy.kv_scoring import Weights
 
 log = logging.getLogger("continuum.ingress.kv")
