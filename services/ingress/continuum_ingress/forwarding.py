@@ -31,8 +31,9 @@ from opentelemetry.trace import Span
 
 from continuum_common.config import Backend
 from continuum_ingress.asgi import Channel
+from continuum_ingress.cache.facade import CacheLookup, CacheStatus
 from continuum_ingress.errors import NoBackend, RequestError
-from continuum_ingress.hooks import BodyRewriter, CacheLookup, RejectionHandler, ResponseRecorder
+from continuum_ingress.hooks import BodyRewriter, RejectionHandler, ResponseRecorder
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.pool import BackendState
@@ -89,8 +90,6 @@ def response_headers(
     out = [(k, v) for k, v in upstream if k not in _DROP_HEADERS]
     out.append((b"x-continuum-backend", backend.encode()))
     out.append((b"x-request-id", state.request_id.encode()))
-    if state.cache_status is not None:
-        out.append((b"x-cache", state.cache_status.upper().encode()))
     out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in state.cache_headers)
     return out
 
@@ -236,7 +235,7 @@ class Forwarder:
             await self._server_error(response, backend)
         backend.record_success(self.clock() - start)
         translator = dialect.translator(state.api, state.stream)
-        recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status == "miss" else None
+        recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status is CacheStatus.MISS else None
         if first is not None:
             response.read_timeout = min(response.read_timeout, spec.stream_idle_timeout_ms / 1000)
             await self._stream(
