@@ -55,7 +55,7 @@ from continuum_ingress.errors import RequestError
 from continuum_ingress.forwarding import Forwarder
 from continuum_ingress.gemini.wiring import build_gemini
 from continuum_ingress.hooks import BodyRewriter, Component, RequestScorer, ResponseCacheHook
-from continuum_ingress.kv import build_kv_routing
+from continuum_ingress.kv import build_kv_routing, kv_admin_routes
 from continuum_ingress.load_view import build_load_share
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
@@ -138,7 +138,7 @@ class IngressApp:
         if self.kv is not None:
             scorer = self.kv.scorer
             builtin_components.append(self.kv)
-            extra_admin_routes = (*extra_admin_routes, *self.kv.admin_routes())
+            extra_admin_routes = (*extra_admin_routes, *kv_admin_routes(self.kv))
         # After KV routing: closed before it, so the final load report still has its NATS link.
         self.load_share = build_load_share(
             self.holder.current.config, self.pool, self.metrics.registry, kv=self.kv, seat=worker, nats_url=nats_url

@@ -23,9 +23,9 @@ from continuum_ingress.cache.facade import CACHE_OFF, CacheLookup, CacheRequest,
 from continuum_ingress.cache.factory import build_response_cache
 from continuum_ingress.cache.policy.eligibility import Route
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.shared_client import SharedClient
 
 if TYPE_CHECKING:
-    from continuum_ingress.adapters.shared_redis import SharedRedis
     from continuum_ingress.state import RequestState
 
 ROUTES: dict[Api, Route] = {
@@ -38,7 +38,7 @@ ROUTES: dict[Api, Route] = {
 class CacheHook:
     """`ResponseCacheHook` + `Component` over one `ResponseCache`."""
 
-    def __init__(self, cache: ResponseCache, redis: SharedRedis | None = None) -> None:
+    def __init__(self, cache: ResponseCache, redis: SharedClient | None = None) -> None:
         self.cache = cache
         self.redis = redis
         self._client: RedisClient | None = redis.client if redis is not None else None
@@ -49,7 +49,7 @@ class CacheHook:
         cfg: RouterConfig,
         *,
         registry: CollectorRegistry,
-        redis: SharedRedis | None = None,
+        redis: SharedClient | None = None,
         monitor_interval_s: float = 30.0,
         http_client: httpx.AsyncClient | None = None,
     ) -> CacheHook:

@@ -16,8 +16,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from continuum_ingress.kv.adapters.tokenize import TokenizeFailed, remote_tokens
 from continuum_ingress.kv.groups import GroupRuntime
+from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.transport import Upstream
 

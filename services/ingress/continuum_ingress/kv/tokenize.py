@@ -3,8 +3,9 @@ mode without a local tokenizer.
 
 Chat requests use vLLM's chat form (`messages`, `add_generation_prompt: true`, the tools), so
 the engine applies its own chat template; completions use the prompt form. The call goes over
-the backend's pooled upstream client, bounded by the group's `tokenize_timeout_ms`; any failure
-raises TokenizeFailed and the scorer falls back to approximate keys for the request.
+the backend's upstream transport (the interface of transport.py, like forwarding), bounded by
+the group's `tokenize_timeout_ms`; any failure raises TokenizeFailed and the scorer falls back
+to approximate keys for the request.
 """
 
 from __future__ import annotations
