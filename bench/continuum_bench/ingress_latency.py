@@ -15,6 +15,11 @@ concurrent client). Targets: <= 1 ms added p50 at concurrency 1, >= 1,500 req/s.
 `--workers 1 2` measures one `serve` per value of `server.workers`, all started at once on their
 own ports; each repeat runs direct, then every ingress in turn (interleaved rounds, so a change
 in machine load hits every variant alike).
+
+`--transport h1 aiohttp` measures the ingress with each upstream HTTP transport: the hand-written
+HTTP/1.1 pool (the product's) and aiohttp (`pip install -e '.[bench]'`). Every variant then runs
+in the same one-process launcher (the composition `serve` runs with one worker: the ingress app
+on the same server, uvloop), so the transport is the only difference; one worker only.
 """
 
 from __future__ import annotations
@@ -221,13 +226,15 @@ def _source_path(checkout: Path) -> str:
     return os.pathsep.join([*(str(checkout / p) for p in parts), str(checkout / "services/sim-engine"), str(checkout)])
 
 
-def _start_ingress(config: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`serve` on `port`, returned once it (every worker of it) listens: it prints one line then."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "continuum_ingress", "serve", "--config", str(config), "--port", str(port)],
-        env=env,
-        stdout=subprocess.PIPE,
-    )
+def _start_ingress(
+    config: Path, port: int, env: dict[str, str], transport: str | None = None
+) -> subprocess.Popen[bytes]:
+    """`serve` on `port` (or, with `transport`, the one-process launcher with that upstream
+    transport), returned once it (every worker of it) listens: it prints one line then."""
+    argv = [sys.executable, "-m", "continuum_ingress", "serve", "--config", str(config), "--port", str(port)]
+    if transport is not None:
+        argv = [sys.executable, "-m", "continuum_bench.ingress_latency", "ingress", str(config), str(port), transport]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     if "listening on" not in line:
@@ -286,12 +293,14 @@ def _variants(args: argparse.Namespace, backend_port: int, tmp: Path, env: dict[
     """Every router measured, by name: Continuum per `--workers` value (and traced with
     `--tracing`), then each peer of `--peers`."""
     out: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+    launcher = args.transport != ["h1"]
     for workers in args.workers:
         for traced in (False, True) if args.tracing else (False,):
-            name = f"continuum w{workers}" + (" traced" if traced else "")
-            port = _free_port()
             config = _config(backend_port, tmp, workers=workers, strategy=args.strategy, tracing=traced)
-            out[name] = (port, _start_ingress(config, port, env))
+            for transport in args.transport:
+                name = f"continuum w{workers}" + (f" {transport}" if launcher else "") + (" traced" if traced else "")
+                port = _free_port()
+                out[name] = (port, _start_ingress(config, port, env, transport if launcher else None))
     if args.baseline is not None:
         port = _free_port()
         config = _config(backend_port, tmp, workers=1, strategy=args.strategy)
@@ -352,9 +361,34 @@ def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
+async def _serve_ingress(config: Path, port: int, transport: str) -> None:
+    """The launcher of `--transport`: the ingress app with that upstream transport on the
+    server `serve` uses, until SIGTERM."""
+    import signal
+
+    from continuum_ingress.app import IngressApp
+    from continuum_ingress.server import RunningServer
+    from continuum_ingress.transport import TransportFactory
+
+    factory: TransportFactory | None = None
+    if transport == "aiohttp":
+        from continuum_ingress.adapters.aiohttp_transport import aiohttp_transport
+
+        factory = aiohttp_transport
+    app = IngressApp(config, transport=factory)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with RunningServer(app.asgi, "127.0.0.1", port, log_level="warning", edge=app.edge) as server:
+        print(f"continuum-router listening on {server.url}", flush=True)
+        await stop.wait()
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "backend":
         uvloop.run(_serve_backend(int(sys.argv[2])))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "ingress":
+        uvloop.run(_serve_ingress(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "load":
         port, concurrency, seconds, warmup = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
@@ -376,13 +410,24 @@ def main() -> None:
         help="peer routers measured in the same rounds: smg,vllm-router (policy: round_robin for "
         "RoundRobin, cache_aware for PrefixAwareHash; `pip install -e '.[peers]'`)",
     )
+    parser.add_argument(
+        "--transport",
+        nargs="+",
+        default=["h1"],
+        choices=["h1", "aiohttp"],
+        help="upstream HTTP transport(s) of the ingress: h1 (the hand-written pool, default) and/or aiohttp; "
+        "anything but `h1` alone runs every variant in the one-process launcher (one worker)",
+    )
     parser.add_argument("--tracing", action="store_true", help="also measure each Continuum with every request traced")
     parser.add_argument(
         "--baseline",
         type=Path,
         help="another Continuum checkout (e.g. a git worktree of an earlier commit) measured beside, one worker",
     )
-    main_bench(parser.parse_args())
+    args = parser.parse_args()
+    if args.transport != ["h1"] and args.workers != [1]:
+        parser.error("--transport other than h1 alone runs one worker: use --workers 1")
+    main_bench(args)
 
 
 if __name__ == "__main__":

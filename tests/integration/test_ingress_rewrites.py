@@ -11,7 +11,8 @@ import pytest
 
 from continuum_common.hashing import request_prefix_key
 from continuum_common.salt import verify_salt
-from continuum_ingress.hooks import CachedResponse, CacheLookup, ResponseRecorder
+from continuum_ingress.cache import CachedResponse, CacheLookup, CacheStatus, EntryKind
+from continuum_ingress.hooks import ResponseRecorder
 from continuum_ingress.state import RequestState
 from continuum_testing.ingress_harness import running_ingress, stub_backends
 from continuum_testing.upstream_stub import running_stubs
@@ -108,22 +109,26 @@ class DictCache:
     enabled = True
 
     def __init__(self) -> None:
-        self.store: dict[bytes, CachedResponse] = {}
+        self.store: dict[str, CachedResponse] = {}
 
     async def lookup(self, state: RequestState) -> CacheLookup:
         if state.request.body.get("temperature", 0) != 0:
-            return CacheLookup("bypass")
-        hit = self.store.get(state.raw)
+            return CacheLookup(CacheStatus.BYPASS)
+        key = state.raw.hex()
+        hit = self.store.get(key)
         tenant = state.headers().get("x-tenant", "")
-        extra = [("X-Cache-Tenant", tenant)] if tenant else []
-        return CacheLookup("hit", hit, headers=extra) if hit else CacheLookup("miss", token=state.raw, headers=extra)
+        extra = (("X-Cache-Tenant", tenant),) if tenant else ()
+        if hit:
+            return CacheLookup(CacheStatus.HIT, hit, extra_headers=extra)
+        return CacheLookup(CacheStatus.MISS, key=key, extra_headers=extra)
 
     def recorder(self, state: RequestState, lookup: CacheLookup) -> ResponseRecorder | None:
-        return _Recorder(self, lookup.token, state.stream)
+        assert lookup.key is not None
+        return _Recorder(self, lookup.key, state.stream)
 
 
 class _Recorder:
-    def __init__(self, cache: DictCache, key: bytes, stream: bool) -> None:
+    def __init__(self, cache: DictCache, key: str, stream: bool) -> None:
         self.cache, self.key, self.stream = cache, key, stream
         self.parts: list[bytes] = []
 
@@ -132,9 +137,13 @@ class _Recorder:
 
     async def commit(self, status: int, headers: Sequence[tuple[str, str]]) -> None:
         if self.stream:
-            self.cache.store[self.key] = CachedResponse(status, headers, chunks=list(self.parts))
+            self.cache.store[self.key] = CachedResponse(
+                EntryKind.STREAM, status, tuple(headers), events=tuple(self.parts)
+            )
         else:
-            self.cache.store[self.key] = CachedResponse(status, headers, body=b"".join(self.parts))
+            self.cache.store[self.key] = CachedResponse(
+                EntryKind.RESPONSE, status, tuple(headers), body=b"".join(self.parts)
+            )
 
     def abort(self) -> None:
         self.parts.clear()

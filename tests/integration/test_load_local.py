@@ -22,8 +22,8 @@ from continuum_common.config import Backend
 from continuum_common.procs import NatsServer
 from continuum_ingress.adapters.load_local import LocalLoadTransport
 from continuum_ingress.adapters.load_nats import NatsLoadTransport
-from continuum_ingress.adapters.load_share import LoadShare, LoadTransport
 from continuum_ingress.adapters.worker_metrics import WorkerMetrics, close_exposition, serve_exposition
+from continuum_ingress.load_share import LoadShare, LoadTransport
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.workers import SUPERVISOR, WorkerSeat
 

@@ -19,7 +19,7 @@ from continuum_common.config import Backend
 from continuum_common.procs import NatsServer
 from continuum_common.wire.loads import SUBJECT_PREFIX, BackendLoad, LoadReport, encode_load_report
 from continuum_ingress.adapters.load_nats import NatsLoadTransport
-from continuum_ingress.adapters.load_share import LoadShare
+from continuum_ingress.load_share import LoadShare
 from continuum_ingress.pool import BackendPool
 from continuum_testing.ingress_harness import running_ingress, stub_backends
 from continuum_testing.upstream_stub import running_stubs

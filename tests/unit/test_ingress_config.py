@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from continuum_common.errors import ConfigError
-from continuum_ingress.adapters.dialects import default_dialects
 from continuum_ingress.adapters.upstream import ClientSet
 from continuum_ingress.config import ConfigHolder, restart_only_changes
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.dialects import default_dialects
 from continuum_ingress.snapshot import SnapshotFactory
 from continuum_testing.ingress_harness import router_config
 

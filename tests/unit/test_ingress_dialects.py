@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from continuum_ingress.adapters.dialects import ClientHeaders, default_dialects, join_url
 from continuum_ingress.admin import token_matches
 from continuum_ingress.asgi import read_headers
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.dialects import ClientHeaders, default_dialects, join_url
 from continuum_ingress.snapshot import split_tokens
 
 

@@ -15,9 +15,10 @@ answers for every worker of its `serve` (adapters/worker_metrics.py).
 
 Seams for other components are constructor arguments: `response_cache` (Tier 2/3 hook),
 `scorer` (Tier 4 BackendScorer), `rewriters` (per-attempt body rewrites), `dialects` (per
-backend-type upstream dialects), `components` (start / reload / aclose with the app) and
-`extra_admin_routes` (mounted under /admin, behind the admin token). The Gemini dialect and
-context-cache client (docs/gemini-ingress.md) are built here from the configuration
+backend-type upstream dialects), `components` (start / reload / aclose with the app),
+`extra_admin_routes` (mounted under /admin, behind the admin token) and `transport` (the
+upstream HTTP transport of every backend, transport.py; default the HTTP/1.1 pool of
+adapters/h1.py). The Gemini dialect and context-cache client (docs/gemini-ingress.md) are built here from the configuration
 (`gemini.wiring.build_gemini`); `nats_url` overrides `bus.url` for them too (`up`'s embedded NATS).
 """
 
@@ -40,8 +41,6 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 from continuum_common.config import RouterConfig, load_router_config
 from continuum_common.config.secrets import read_secret
 from continuum_common.tracing import Tracing
-from continuum_ingress.adapters.dialects import UpstreamDialect, default_dialects
-from continuum_ingress.adapters.forward import Forwarder
 from continuum_ingress.adapters.health import HealthChecker
 from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.adapters.upstream import ClientSet
@@ -53,18 +52,21 @@ from continuum_ingress.config import ConfigHolder
 from continuum_ingress.edge import EdgeGuard, EdgeLimits
 from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
 from continuum_ingress.errors import RequestError
+from continuum_ingress.forwarding import Forwarder
 from continuum_ingress.gemini.wiring import build_gemini
 from continuum_ingress.hooks import BodyRewriter, Component, RequestScorer, ResponseCacheHook
-from continuum_ingress.kv import build_kv_routing
+from continuum_ingress.kv import build_kv_routing, kv_admin_routes
 from continuum_ingress.load_view import build_load_share
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.policy.scorer import BackendScorer
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import CLIENT_PATHS
+from continuum_ingress.protocol.dialects import UpstreamDialect, default_dialects
 from continuum_ingress.protocol.errors import ErrorStyle, error_body
 from continuum_ingress.rewriters import AnthropicCacheControl, SaltEcho
 from continuum_ingress.snapshot import SnapshotFactory
+from continuum_ingress.transport import TransportFactory
 from continuum_ingress.workers import WorkerSeat
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,7 @@ class IngressApp:
         rewriters: Sequence[BodyRewriter] = (),
         components: Sequence[Component] = (),
         dialects: Mapping[str, UpstreamDialect] | None = None,
+        transport: TransportFactory | None = None,
         extra_admin_routes: Sequence[BaseRoute] = (),
         redis: SharedRedis | None = None,
         cache_monitor_interval_s: float = 30.0,
@@ -93,7 +96,7 @@ class IngressApp:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = BackendPool()
-        self.clients = ClientSet()
+        self.clients = ClientSet() if transport is None else ClientSet(transport)
         self.metrics = IngressMetrics(self.pool)
         # Raises ConfigError (with every problem) on a bad file.
         initial = config if isinstance(config, RouterConfig) else load_router_config(config)
@@ -135,7 +138,7 @@ class IngressApp:
         if self.kv is not None:
             scorer = self.kv.scorer
             builtin_components.append(self.kv)
-            extra_admin_routes = (*extra_admin_routes, *self.kv.admin_routes())
+            extra_admin_routes = (*extra_admin_routes, *kv_admin_routes(self.kv))
         # After KV routing: closed before it, so the final load report still has its NATS link.
         self.load_share = build_load_share(
             self.holder.current.config, self.pool, self.metrics.registry, kv=self.kv, seat=worker, nats_url=nats_url

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from continuum_ingress.adapters.dialects import ClientHeaders
 from continuum_ingress.errors import RequestError
+from continuum_ingress.protocol.client_headers import ClientHeaders
 from continuum_ingress.protocol.errors import ErrorStyle, error_body
 
 Scope = MutableMapping[str, Any]

@@ -18,11 +18,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from continuum_common.tracing import Tracing
-from continuum_ingress.adapters.forward import Forwarder, response_headers
 from continuum_ingress.asgi import Channel, ClientGone, DisconnectWatch, Receive, Scope, Send, read_body, read_headers
+from continuum_ingress.cache.facade import CacheLookup, CacheStatus
+from continuum_ingress.cache.protocol.entry import CachedResponse
 from continuum_ingress.config import ConfigHolder
 from continuum_ingress.errors import RequestError
-from continuum_ingress.hooks import CachedResponse, CacheLookup
+from continuum_ingress.forwarding import Forwarder, response_headers
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.pool import BackendPool
@@ -142,21 +143,22 @@ class ForwardEndpoint:
             return await self.pipeline.lookup_cache(state)
         with state.trace.span("cache.lookup") as span:
             lookup = await self.pipeline.lookup_cache(state)
-            span.set_attribute("continuum.cache", lookup.status or "none")
+            span.set_attribute("continuum.cache", "none" if lookup.status is CacheStatus.OFF else lookup.status.lower())
             return lookup
 
     @staticmethod
     async def _replay(state: RequestState, cached: CachedResponse, channel: Channel) -> None:
         headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in cached.headers]
         headers = [(k, v) for k, v in headers if k not in (b"content-length", b"x-cache", b"transfer-encoding")]
-        headers.append((b"x-cache", b"HIT"))
+        # X-Cache: HIT and the cache's own headers
         headers.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in state.cache_headers)
         headers.append((b"x-request-id", state.request_id.encode()))
-        if cached.chunks is None:
+        if not cached.is_stream:
             await channel.whole(cached.status, headers, cached.body)
             return
+        # One chunk per SSE event; their concatenation is the original stream, byte for byte.
         await channel.start(cached.status, headers)
-        for chunk in cached.chunks:
+        for chunk in cached.events:
             await channel.body(chunk, more=True)
         await channel.body(b"")
 

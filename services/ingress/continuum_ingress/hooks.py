@@ -1,6 +1,7 @@
 """Extension points other issues plug into (see docs/ingress.md, "Seams").
 
-* `ResponseCacheHook` (Tier 2/3): consulted before selection; records responses.
+* `ResponseCacheHook` (Tier 2/3): consulted before selection; records responses. It speaks the
+  response cache's own types (`cache.CacheLookup`, `cache.CachedResponse`).
 * `Component`: start / reload / aclose with the app's lifespan and configuration.
 * `BodyRewriter`: per-attempt body rewrites that depend on the chosen backend (salt echo and
   Anthropic cache_control are built in; the Gemini context cache adds its own).
@@ -13,8 +14,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from continuum_ingress.cache.facade import CACHE_OFF, CacheLookup
 
 if TYPE_CHECKING:
     from continuum_common.config import Backend, RouterConfig
@@ -22,29 +24,6 @@ if TYPE_CHECKING:
     from continuum_ingress.pool import BackendState
     from continuum_ingress.snapshot import RouterSnapshot
     from continuum_ingress.state import RequestState
-
-CacheStatus = Literal["hit", "miss", "bypass"]
-
-
-@dataclass(frozen=True, slots=True)
-class CachedResponse:
-    """A stored answer to replay. `chunks` replays a stream one chunk per ASGI message
-    (SSE bytes exactly as first sent); `body` answers a non-streaming request."""
-
-    status: int
-    headers: Sequence[tuple[str, str]]
-    body: bytes = b""
-    chunks: Sequence[bytes] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CacheLookup:
-    status: CacheStatus | None
-    response: CachedResponse | None = None
-    # Opaque to the ingress: whatever the cache needs again in recorder() (its key, say).
-    token: Any = None
-    # Extra response headers (e.g. X-Cache-Mode: semantic); X-Cache itself comes from `status`.
-    headers: Sequence[tuple[str, str]] = ()
 
 
 class ResponseRecorder(Protocol):
@@ -66,8 +45,8 @@ class ResponseCacheHook(Protocol):
     def enabled(self) -> bool: ...
 
     async def lookup(self, state: RequestState) -> CacheLookup:
-        """HIT (with `response`), MISS or BYPASS; must bound its own I/O time and never raise
-        for a store outage (fall back to MISS/BYPASS)."""
+        """HIT (with `response`), MISS, BYPASS or OFF (not cached, no X-Cache header); must
+        bound its own I/O time and never raise for a store outage (fall back to MISS/BYPASS)."""
         ...
 
     def recorder(self, state: RequestState, lookup: CacheLookup) -> ResponseRecorder | None:
@@ -81,7 +60,7 @@ class NoResponseCache:
     enabled = False
 
     async def lookup(self, state: RequestState) -> CacheLookup:
-        return CacheLookup(None)
+        return CACHE_OFF
 
     def recorder(self, state: RequestState, lookup: CacheLookup) -> ResponseRecorder | None:
         return None

@@ -1,7 +1,7 @@
 """Building the shared load view of an ingress process (a composition helper of app.py).
 
 Whenever this process has peers - sibling workers of one `serve`, or other replicas over NATS -
-the app owns one `LoadShare` (adapters/load_share.py) over the transports that reach them
+the app owns one `LoadShare` (load_share.py) over the transports that reach them
 (policy/shared_load.py `choose_transports`): Unix datagram sockets between workers, and core
 NATS between replicas, on the KV routing component's connection when there is one. With KV
 routing, each worker is a replica on NATS too (its own id, the one its routing decisions
@@ -22,8 +22,8 @@ from continuum_common.config import RouterConfig
 from continuum_common.wire.decisions import replica_id
 from continuum_ingress.adapters.load_local import LocalLoadTransport
 from continuum_ingress.adapters.load_nats import NatsLoadTransport
-from continuum_ingress.adapters.load_share import LoadShare, LoadTransport
 from continuum_ingress.kv import KvRouting
+from continuum_ingress.load_share import LoadShare, LoadTransport
 from continuum_ingress.policy.shared_load import choose_transports
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.workers import WorkerSeat

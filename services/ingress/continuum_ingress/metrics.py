@@ -199,7 +199,7 @@ class IngressMetrics:
 
 
 class LoadShareMetrics:
-    """The shared load view between ingress processes (adapters/load_share.py)."""
+    """The shared load view between ingress processes (load_share.py)."""
 
     def __init__(self, registry: CollectorRegistry, peers: Callable[[], float]) -> None:
         reports = Counter(

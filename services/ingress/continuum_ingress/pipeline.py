@@ -18,8 +18,9 @@ from collections.abc import Callable, Collection
 
 from continuum_common.hashing import request_prefix_key
 from continuum_common.ring import RouteLabel
+from continuum_ingress.cache.facade import CACHE_OFF, CacheLookup
 from continuum_ingress.errors import NoBackend
-from continuum_ingress.hooks import CacheLookup, NoResponseCache, RequestScorer, ResponseCacheHook
+from continuum_ingress.hooks import NoResponseCache, RequestScorer, ResponseCacheHook
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.policy.scorer import BackendScorer, DecisionObserver, HoldingTier, best_scored
 from continuum_ingress.policy.strategies import SelectionInput
@@ -60,10 +61,9 @@ class SelectionPipeline:
 
     async def lookup_cache(self, state: RequestState) -> CacheLookup:
         if not self.response_cache.enabled:
-            return CacheLookup(None)
+            return CACHE_OFF
         lookup = await self.response_cache.lookup(state)
-        state.cache_status = lookup.status
-        state.cache_headers = lookup.headers
+        state.cache_headers = tuple(lookup.headers.items())
         return lookup
 
     def prepare(self, state: RequestState, snapshot: RouterSnapshot) -> None:

@@ -47,7 +47,7 @@ class BackendState:
         # (the KV scorer's estimate of the backend's prefill queue; docs/kv-scorer.md).
         self.local_queued_tokens = 0
         # What the other ingress replicas last reported they have in flight here (the shared
-        # load view, adapters/load_share.py); 0 with one replica or while the bus is down.
+        # load view, load_share.py); 0 with one replica or while the bus is down.
         self.remote_in_flight = 0
         self.remote_queued_tokens = 0
         self.latency: float | None = None
@@ -58,7 +58,7 @@ class BackendState:
         self.health_failures = 0
         # The deadlines of requests waiting for this backend's first byte: when the health
         # checker takes the backend out, they expire at once (retried elsewhere or 503) instead
-        # of holding their clients until a timeout (adapters/forward.py).
+        # of holding their clients until a timeout (forwarding.py).
         self.first_byte_waits: set[asyncio.Timeout] = set()
 
     def reset_history(self) -> None:

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 from continuum_common.config import Backend, RouterConfig
 from continuum_common.config.secrets import read_secret
-from continuum_ingress.adapters.dialects import UpstreamDialect
-from continuum_ingress.adapters.upstream import ClientSet, UpstreamClient
 from continuum_ingress.policy.strategies import Strategy, build_strategy
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.dialects import UpstreamDialect
+from continuum_ingress.transport import Upstream, UpstreamSet
 
 
 @dataclass(eq=False)
@@ -34,7 +34,7 @@ class RouterSnapshot:
     wildcard: Mapping[Api, tuple[str, ...]]
     models: tuple[str, ...]
     strategy: Strategy
-    clients: Mapping[str, UpstreamClient]
+    clients: Mapping[str, Upstream]
     api_keys: Mapping[str, str | None]
     admin_tokens: tuple[bytes, ...]
     users: int = field(default=0)
@@ -61,7 +61,7 @@ class SnapshotFactory:
     def __init__(
         self,
         pool: BackendPool,
-        clients: ClientSet,
+        clients: UpstreamSet,
         dialects: Mapping[str, UpstreamDialect],
         rng: random.Random | None = None,
     ) -> None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from continuum_common.ring import RouteLabel
-from continuum_ingress.adapters.dialects import ClientHeaders
 from continuum_ingress.policy.scorer import HoldingTier
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.client_headers import ClientHeaders
 from continuum_ingress.protocol.requests import ParsedRequest
 from continuum_ingress.request_trace import RequestTrace
 
@@ -36,8 +36,8 @@ class RequestState:
     # the backend's queue from the attempt's start until its first byte).
     prefill_tokens: int = 0
     attempts: list[str] = field(default_factory=list)
-    # Tier 2: "hit" | "miss" | "bypass" (the X-Cache header), None when no cache ran.
-    cache_status: str | None = None
+    # Tier 2: the response cache's headers for the client (X-Cache: HIT | MISS | BYPASS and
+    # the cache's own, e.g. X-Cache-Mode); empty when no cache ran.
     cache_headers: Sequence[tuple[str, str]] = ()
     # Per-request notes of components, by component name (the Gemini context cache keeps its
     # decision for the attempt here, for the dialect and the stale-reference resend).

@@ -1,4 +1,5 @@
-"""A lean pooled HTTP/1.1 client for the forwarding hot path (asyncio protocol + httptools).
+"""A lean pooled HTTP/1.1 client for the forwarding hot path (asyncio protocol + httptools): the
+production `Transport` (transport.py).
 
 Why not httpx here: profiling the ingress at concurrency 64 (docs/ingress.md, "Upstream HTTP
 client") showed 60-80 % of its CPU inside httpcore's pool, which on every request walks every
@@ -30,24 +31,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from continuum_ingress.transport import ConnectFailed, Disconnected, ReadTimeout, UpstreamError
+
 HIGH_WATER = 1 << 20  # buffered response bytes before the socket is paused
 LOW_WATER = 1 << 18
-
-
-class UpstreamError(Exception):
-    """Base of the client's errors."""
-
-
-class ConnectFailed(UpstreamError):
-    """Could not open a connection (refused, unreachable, TLS, connect or pool timeout)."""
-
-
-class Disconnected(UpstreamError):
-    """The server closed the connection or sent something that is not HTTP."""
-
-
-class ReadTimeout(UpstreamError):
-    """No bytes from the server within the read timeout."""
 
 
 class _Connection(asyncio.Protocol):
@@ -232,7 +219,8 @@ class Response:
 
 
 class H1Pool:
-    """Keep-alive connections to one origin (scheme://host:port; a path in `url` is ignored)."""
+    """Keep-alive connections to one origin (scheme://host:port; a path in `url` is ignored).
+    A `Transport`."""
 
     def __init__(
         self,

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 
 from continuum_common.config import Backend
-from continuum_ingress.adapters.h1 import UpstreamError
 from continuum_ingress.config import ConfigHolder
 from continuum_ingress.pool import BackendPool
+from continuum_ingress.transport import UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class HealthChecker:
         timeout = min(CHECK_TIMEOUT_S, spec.health_check_interval_ms / 1000)
         try:
             async with asyncio.timeout(timeout + spec.connect_timeout_ms / 1000):
-                response = await client.pool.request("GET", client.target(path), headers, read_timeout=timeout)
+                response = await client.transport.request("GET", client.target(path), headers, read_timeout=timeout)
                 try:
                     await response.read()
                 finally:

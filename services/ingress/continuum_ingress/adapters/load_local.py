@@ -17,7 +17,7 @@ import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from continuum_ingress.adapters.load_share import Delivery
+from continuum_ingress.load_transport import Delivery
 from continuum_ingress.workers import WorkerSeat
 
 # Room for reports from many siblings while the loop is busy (the kernel caps it at rmem_max).

@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from continuum_common.wire.loads import SUBJECT_WILDCARD, subject_for
-from continuum_ingress.adapters.load_share import Delivery
+from continuum_ingress.load_transport import Delivery
 
 log = logging.getLogger("continuum.ingress.load")
 

@@ -1,4 +1,5 @@
-"""One pooled keep-alive HTTP/1.1 client per backend (adapters.h1.H1Pool).
+"""One client per backend: its URL, request targets and transport (transport.py), by default
+the pooled keep-alive HTTP/1.1 client of adapters/h1.py (`h1_transport`).
 
 Clients are created for a configuration snapshot and reused by later snapshots while the
 backend's address and limits are unchanged. A client a reload made obsolete is retired, not
@@ -14,8 +15,9 @@ from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
 from continuum_common.config import Backend
-from continuum_ingress.adapters.dialects import join_url
 from continuum_ingress.adapters.h1 import H1Pool
+from continuum_ingress.protocol.dialects import join_url
+from continuum_ingress.transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)
 
@@ -26,23 +28,30 @@ def _client_key(spec: Backend) -> tuple[object, ...]:
     return (spec.url, spec.connect_timeout_ms, spec.request_timeout_ms, spec.max_connections)
 
 
-class UpstreamClient:
-    __slots__ = ("_paths", "key", "name", "pool", "url")
+def h1_transport(spec: Backend, tls_context: ssl.SSLContext | None) -> H1Pool:
+    """The production transport: connect and pool waits are bounded by the connect timeout;
+    reads by the request timeout, per wait for bytes (a long stream is fine, a stalled one is
+    not)."""
+    return H1Pool(
+        spec.url,
+        connect_timeout=spec.connect_timeout_ms / 1000,
+        read_timeout=spec.request_timeout_ms / 1000,
+        max_connections=spec.max_connections,
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        tls_context=tls_context,
+    )
 
-    def __init__(self, spec: Backend, tls_context: ssl.SSLContext | None = None) -> None:
+
+class UpstreamClient:
+    """An `Upstream` (transport.py)."""
+
+    __slots__ = ("_paths", "key", "name", "transport", "url")
+
+    def __init__(self, spec: Backend, transport: Transport) -> None:
         self.name = spec.name
         self.url = spec.url
         self.key = _client_key(spec)
-        # connect and pool waits are bounded by the connect timeout; reads by the request
-        # timeout, per wait for bytes (a long stream is fine, a stalled one is not).
-        self.pool = H1Pool(
-            spec.url,
-            connect_timeout=spec.connect_timeout_ms / 1000,
-            read_timeout=spec.request_timeout_ms / 1000,
-            max_connections=spec.max_connections,
-            keepalive_expiry=KEEPALIVE_EXPIRY_S,
-            tls_context=tls_context,
-        )
+        self.transport = transport
         self._paths: dict[str, str] = {}
 
     def target(self, path: str) -> str:
@@ -55,13 +64,15 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
-            await self.pool.aclose()
+            await self.transport.aclose()
 
 
 class ClientSet:
-    """Backend name -> current client; retired clients wait for close_unused()."""
+    """Backend name -> current client (an `UpstreamSet`); retired clients wait for
+    close_unused()."""
 
-    def __init__(self) -> None:
+    def __init__(self, transport: TransportFactory = h1_transport) -> None:
+        self._transport = transport
         self._current: dict[str, UpstreamClient] = {}
         self._retired: list[UpstreamClient] = []
         self._tls: ssl.SSLContext | None = None
@@ -78,14 +89,14 @@ class ClientSet:
             client = self._current.get(spec.name)
             if client is None or client.key != _client_key(spec):
                 tls = self._tls_context() if spec.url.startswith("https:") else None
-                client = UpstreamClient(spec, tls)
+                client = UpstreamClient(spec, self._transport(spec, tls))
             fresh[spec.name] = client
         kept = {id(c) for c in fresh.values()}
         self._retired.extend(c for c in self._current.values() if id(c) not in kept)
         self._current = fresh
         return dict(fresh)
 
-    async def close_unused(self, still_used: Iterable[Mapping[str, UpstreamClient]]) -> int:
+    async def close_unused(self, still_used: Iterable[Mapping[str, object]]) -> int:
         """Close retired clients that no live snapshot references; return how many closed."""
         used = {id(c) for clients in still_used for c in clients.values()}
         closing = [c for c in self._retired if id(c) not in used]

@@ -74,6 +74,10 @@ class CacheRequest:
 
 @dataclass(frozen=True, slots=True)
 class CacheLookup:
+    """The answer of a lookup; also what the ingress's `ResponseCacheHook` returns (hooks.py).
+    OFF: no cache ran (no X-Cache header); HIT carries the `response` to replay; a MISS
+    carries what `recorder()` needs again (`key`, `route`, `stream`, `semantic`)."""
+
     status: CacheStatus
     response: CachedResponse | None = None
     reason: str = ""
@@ -81,6 +85,8 @@ class CacheLookup:
     key: str | None = None
     stream: bool = False
     semantic: SemanticTicket | None = None
+    # More response headers from the cache (a hook of another cache may add its own).
+    extra_headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def headers(self) -> dict[str, str]:
@@ -90,7 +96,11 @@ class CacheLookup:
         out = {"X-Cache": self.status.value}
         if self.response is not None and self.response.mode == "semantic":
             out["X-Cache-Mode"] = "semantic"
+        out.update(self.extra_headers)
         return out
+
+
+CACHE_OFF = CacheLookup(CacheStatus.OFF)
 
 
 _OFF = CacheLookup(CacheStatus.OFF, reason=Reason.DISABLED)

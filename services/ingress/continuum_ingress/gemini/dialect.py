@@ -1,4 +1,4 @@
-"""The `gemini` upstream dialect (an AttemptDialect, adapters/dialects.py).
+"""The `gemini` upstream dialect (an AttemptDialect, protocol/dialects.py).
 
 * Chat completions go to Google's OpenAI-compatible endpoint (`/v1beta/openai/chat/completions`,
   `Authorization: Bearer`) by default, or, with `gemini_context_cache.prefer_native_api: true`, to
@@ -29,13 +29,6 @@ import orjson
 
 from continuum_common.config import Backend
 from continuum_common.gemini_api import api_root, bare_model
-from continuum_ingress.adapters.dialects import (
-    ClientHeaders,
-    DialectAttempt,
-    OpenAICompatible,
-    ResponseTranslator,
-)
-from continuum_ingress.adapters.upstream import UpstreamClient
 from continuum_ingress.gemini.context_cache import CacheDecision, decision_for
 from continuum_ingress.gemini.protocol.compat import CompatStreamTap, observe_body
 from continuum_ingress.gemini.protocol.request import to_generate_content
@@ -48,7 +41,14 @@ from continuum_ingress.gemini.protocol.response import (
 from continuum_ingress.gemini.protocol.responses import ResponsesStreamConverter, responses_to_chat, to_response
 from continuum_ingress.gemini.protocol.stream import ChatStreamConverter
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.dialects import (
+    ClientHeaders,
+    DialectAttempt,
+    OpenAICompatible,
+    ResponseTranslator,
+)
 from continuum_ingress.state import RequestState
+from continuum_ingress.transport import Upstream
 
 COMPAT_PATHS = {Api.CHAT: "/v1beta/openai/chat/completions", Api.EMBEDDINGS: "/v1beta/openai/embeddings"}
 NATIVE_VERSION = "v1beta"
@@ -89,7 +89,7 @@ class GeminiDialect:
     def translator(self, api: Api, stream: bool) -> ResponseTranslator | None:
         return None
 
-    def bind(self, state: RequestState, backend: Backend, client: UpstreamClient) -> DialectAttempt:
+    def bind(self, state: RequestState, backend: Backend, client: Upstream) -> DialectAttempt:
         decision = decision_for(state, backend.name) if self.usage is not None else None
         if (state.api is Api.CHAT and self.native) or state.api is Api.RESPONSES:
             return NativeAttempt(native_target(client.url, state.model, state.stream), state, backend.name, self.usage)

@@ -21,13 +21,13 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import BaseRoute
 
 from continuum_common.config import RouterConfig
-from continuum_ingress.adapters.dialects import UpstreamDialect
 from continuum_ingress.gemini.adapters.bus import GeminiBus
 from continuum_ingress.gemini.admin import admin_routes
 from continuum_ingress.gemini.context_cache import GeminiContextCache
 from continuum_ingress.gemini.dialect import GeminiDialect
 from continuum_ingress.gemini.metrics import GeminiMetrics
 from continuum_ingress.hooks import BodyRewriter, Component
+from continuum_ingress.protocol.dialects import UpstreamDialect
 
 
 @dataclass(frozen=True)

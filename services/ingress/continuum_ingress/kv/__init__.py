@@ -1,7 +1,7 @@
 """Tier 4 in the ingress: the KV overlap scorer, the index it reads, its admin routes.
 
     kv = build_kv_routing(config, registry, nats_url=..., redis=shared_redis)  # None when disabled
-    IngressApp(..., scorer=kv.scorer, components=[kv], extra_admin_routes=kv.admin_routes())
+    IngressApp(..., scorer=kv.scorer, components=[kv], extra_admin_routes=kv_admin_routes(kv))
 
 IngressApp does exactly this itself when it is not given a scorer (docs/kv-scorer.md).
 """
@@ -9,14 +9,16 @@ IngressApp does exactly this itself when it is not given a scorer (docs/kv-score
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
+from starlette.routing import Route
 
 from continuum_common.config import RouterConfig
-from continuum_ingress.adapters.shared_redis import SharedRedis
+from continuum_ingress.kv.admin import KvAdminEndpoints
 from continuum_ingress.kv.component import KvRouting
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.speculative import SpeculativeEntries
+from continuum_ingress.shared_client import SharedClient
 
-__all__ = ["KvOverlapScorer", "KvRouting", "SpeculativeEntries", "build_kv_routing"]
+__all__ = ["KvOverlapScorer", "KvRouting", "SpeculativeEntries", "build_kv_routing", "kv_admin_routes"]
 
 
 def build_kv_routing(
@@ -24,9 +26,15 @@ def build_kv_routing(
     registry: CollectorRegistry,
     *,
     nats_url: str | None = None,
-    redis: SharedRedis | None = None,
+    redis: SharedClient | None = None,
 ) -> KvRouting | None:
     """Tier 4 for this configuration, or None when `kv_cache_index.enabled` is false."""
     if not config.kv_cache_index.enabled:
         return None
     return KvRouting(config, registry, nats_url=nats_url, redis=redis)
+
+
+def kv_admin_routes(kv: KvRouting) -> list[Route]:
+    """`GET /admin/kv-index/stats`, `GET /admin/kv-index/backends`, `POST /admin/kv-index/clear`
+    (mounted under /admin, behind the admin token)."""
+    return KvAdminEndpoints(kv).routes()

@@ -16,10 +16,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from continuum_ingress.adapters.upstream import UpstreamClient
-from continuum_ingress.kv.adapters.tokenize import TokenizeFailed, remote_tokens
 from continuum_ingress.kv.groups import GroupRuntime
+from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.transport import Upstream
 
 log = logging.getLogger("continuum.ingress.kv")
 
@@ -53,14 +53,14 @@ class TokenizerAudit:
         return True
 
     def start(
-        self, client: UpstreamClient, *, api: Api, body: dict[str, object], model: str, expected: Sequence[int]
+        self, client: Upstream, *, api: Api, body: dict[str, object], model: str, expected: Sequence[int]
     ) -> None:
         self._task = asyncio.get_running_loop().create_task(
             self._check(client, api=api, body=body, model=model, expected=list(expected))
         )
 
     async def _check(
-        self, client: UpstreamClient, *, api: Api, body: dict[str, object], model: str, expected: list[int]
+        self, client: Upstream, *, api: Api, body: dict[str, object], model: str, expected: list[int]
     ) -> None:
         cfg = self.group.config
         assert cfg is not None

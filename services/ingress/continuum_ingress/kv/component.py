@@ -11,7 +11,7 @@ Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns
 * the decision share (kv/adapters/decisions.py): routing decisions to and from the other
   ingress replicas over NATS;
 * the hand-off of the other replicas' routing decisions to the shared load view
-  (adapters/load_share.py, which the app owns and runs on this component's NATS connection);
+  (load_share.py, which the app owns and runs on this component's NATS connection);
 * a watch that forgets what was recorded about a backend whose engine cleared its cache (the
   block index's per-backend generation);
 * the prefix-key index it reads:
@@ -24,7 +24,7 @@ Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns
 * a NATS connection, made in the background, for the embedded feed, the indexer's admin
   request/reply and the listener heartbeats;
 * the admin routes `GET /admin/kv-index/stats`, `GET /admin/kv-index/backends`,
-  `POST /admin/kv-index/clear` (kv/admin.py).
+  `POST /admin/kv-index/clear` (kv/admin.py; `kv_admin_routes`, kv/__init__.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import socket
 
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
-from starlette.routing import Route
 
 from continuum_common.config import RouterConfig
 from continuum_common.config.router import KvCacheIndex
@@ -48,8 +47,6 @@ from continuum_common.kvindex.blocks import BlockIndexReader, MatchQuery
 from continuum_common.redis_client import RedisClient
 from continuum_common.wire.decisions import Decision, replica_id
 from continuum_indexer.embedded import EmbeddedKvIndex
-from continuum_ingress.adapters.load_share import LoadShare
-from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.kv.adapters.bus import BusReader, connect_client
 from continuum_ingress.kv.adapters.decisions import DecisionShare
 from continuum_ingress.kv.block_reads import BlockReads
@@ -57,7 +54,9 @@ from continuum_ingress.kv.metrics import KvScorerMetrics
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.selector import KvSelector
 from continuum_ingress.kv.speculative import SpeculativeEntries
+from continuum_ingress.load_share import LoadShare
 from continuum_ingress.policy.kv_scoring import Weights
+from continuum_ingress.shared_client import SharedClient
 
 log = logging.getLogger("continuum.ingress.kv")
 
@@ -73,7 +72,7 @@ class KvRouting:
         registry: CollectorRegistry,
         *,
         nats_url: str | None = None,
-        redis: SharedRedis | None = None,
+        redis: SharedClient | None = None,
         embedded_maintenance_s: float = 30.0,
     ) -> None:
         section = config.kv_cache_index
@@ -267,11 +266,6 @@ class KvRouting:
                 await self._owned_redis.aclose()
 
     # ---- seams -----------------------------------------------------------------------------
-
-    def admin_routes(self) -> list[Route]:
-        from continuum_ingress.kv.admin import KvAdminEndpoints
-
-        return KvAdminEndpoints(self).routes()
 
     def _observe_block_read(self, seconds: float, queries: int) -> None:
         if seconds < 0:

@@ -4,7 +4,7 @@ the keys of that mode (docs/kv-scorer.md, "Matching modes").
 * `precise`: the engine's own block hashes. Token ids come from a local tokenizer
   (continuum_common.tokenization: the chat template rendered with Jinja2, tokenized piece by
   piece with a content cache so a new turn costs only what it adds) or, without one, from a
-  backend's `/tokenize` (kv/adapters/tokenize.py); continuum_common.hashing.blocks hashes them.
+  backend's `/tokenize` (kv/tokenize.py); continuum_common.hashing.blocks hashes them.
   Any failure falls back to approximate keys for that request (counted).
 * `approximate`: chained hashes of the conversation's text in fixed-size chunks (kv/chunks.py).
 * `prefix_key`: the seed's prefix key (the request's `prefix_key`, read in the prefix-key index).

@@ -32,11 +32,11 @@ from continuum_common.config.router import RouterConfig
 from continuum_common.kvindex.types import KvIndexError
 from continuum_common.ring import RouteLabel
 from continuum_common.wire.decisions import KIND_APPROXIMATE, KIND_SPECULATIVE, Decision
-from continuum_ingress.kv.adapters.tokenize import TokenizeFailed, remote_tokens
 from continuum_ingress.kv.audit import TokenizerAudit
 from continuum_ingress.kv.block_reads import BlockReads
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, build_groups
 from continuum_ingress.kv.scorer import KvOverlapScorer
+from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
 from continuum_ingress.policy.kv_cost import (
     CandidateLoad,
     CostParams,

@@ -1,6 +1,6 @@
 """The other ingress processes' load on each backend, as they last reported it (pure; the
 reports travel over NATS between replicas and over Unix datagram sockets between the workers of
-one `serve`: continuum_common.wire.loads, adapters/load_share.py).
+one `serve`: continuum_common.wire.loads, load_share.py).
 
 A replica's report replaces its previous one. Between two reports, a routing decision the
 replica shares (kv/adapters/decisions.py) adds its request at once (`bump`), so a burst routed

@@ -4,7 +4,7 @@ A dialect says which client APIs a backend type serves, the upstream path of eac
 headers, and (optionally) how to translate bodies for a backend that speaks a different wire
 format. These are pass-throughs of the client's JSON; the Gemini dialect (native
 `generateContent`, gemini/dialect.py) translates, and is put in place of the `gemini` entry of
-this mapping by the app.
+this mapping by the app. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -16,32 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import orjson
 
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.client_headers import ClientHeaders
 
 if TYPE_CHECKING:
     from continuum_common.config import Backend
-    from continuum_ingress.adapters.upstream import UpstreamClient
     from continuum_ingress.state import RequestState
+    from continuum_ingress.transport import Upstream
 
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
-
-
-@dataclass(frozen=True, slots=True)
-class ClientHeaders:
-    """The client headers that matter upstream (read once by the HTTP layer).
-
-    Credentials are forwarded only to backends that have no key of their own configured, and
-    are never logged."""
-
-    bearer: str | None = None
-    x_api_key: str | None = None
-    anthropic_version: str | None = None
-    anthropic_beta: str | None = None
-    # traceparent, tracestate, x-request-id: forwarded as is.
-    passthrough: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def api_key(self) -> str | None:
-        return self.bearer or self.x_api_key
 
 
 class ResponseTranslator(Protocol):
@@ -84,7 +66,7 @@ class AttemptDialect(UpstreamDialect, Protocol):
     native: the model and the stream flag are in the URL; usage is accounted per backend). The
     forwarder calls `bind` once per attempt, after the body rewriters ran, instead of `path`."""
 
-    def bind(self, state: RequestState, backend: Backend, client: UpstreamClient) -> DialectAttempt: ...
+    def bind(self, state: RequestState, backend: Backend, client: Upstream) -> DialectAttempt: ...
 
 
 def _base_headers(client: ClientHeaders) -> list[tuple[str, str]]:
@@ -186,3 +168,16 @@ def join_url(base: str, path: str) -> str:
         if base.endswith("/" + "/".join(parts[:k])):
             return base + "/" + "/".join(parts[k:])
     return base + "/" + "/".join(parts)
+
+
+__all__ = [
+    "AnthropicNative",
+    "AttemptDialect",
+    "ClientHeaders",
+    "DialectAttempt",
+    "OpenAICompatible",
+    "ResponseTranslator",
+    "UpstreamDialect",
+    "default_dialects",
+    "join_url",
+]

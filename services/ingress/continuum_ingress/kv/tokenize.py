@@ -3,8 +3,9 @@ mode without a local tokenizer.
 
 Chat requests use vLLM's chat form (`messages`, `add_generation_prompt: true`, the tools), so
 the engine applies its own chat template; completions use the prompt form. The call goes over
-the backend's pooled upstream client, bounded by the group's `tokenize_timeout_ms`; any failure
-raises TokenizeFailed and the scorer falls back to approximate keys for the request.
+the backend's upstream transport (the interface of transport.py, like forwarding), bounded by
+the group's `tokenize_timeout_ms`; any failure raises TokenizeFailed and the scorer falls back
+to approximate keys for the request.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from typing import Any
 
 import orjson
 
-from continuum_ingress.adapters.h1 import UpstreamError
-from continuum_ingress.adapters.upstream import UpstreamClient
 from continuum_ingress.kv.groups import chat_messages
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.transport import Upstream, UpstreamError
 
 MAX_TOKENS = 4_000_000  # an answer with more ids than this is refused (bounded memory)
 _HEADERS = [("content-type", "application/json"), ("accept", "application/json")]
@@ -53,12 +53,12 @@ def parse_tokens(data: bytes) -> list[int]:
 
 
 async def remote_tokens(
-    client: UpstreamClient, path: str, *, api: Api, body: Mapping[str, Any], model: str, timeout_s: float
+    client: Upstream, path: str, *, api: Api, body: Mapping[str, Any], model: str, timeout_s: float
 ) -> list[int]:
     content = orjson.dumps(tokenize_body(api, body, model))
     try:
         async with asyncio.timeout(timeout_s):
-            response = await client.pool.request("POST", path, _HEADERS, content, read_timeout=timeout_s)
+            response = await client.transport.request("POST", path, _HEADERS, content, read_timeout=timeout_s)
             try:
                 data = await response.read()
             finally:

@@ -30,24 +30,31 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from continuum_common.config import Backend
-from continuum_ingress.adapters.dialects import (
+from continuum_ingress.asgi import Channel
+from continuum_ingress.cache.facade import CacheLookup, CacheStatus
+from continuum_ingress.errors import NoBackend, RequestError
+from continuum_ingress.hooks import BodyRewriter, RejectionHandler, ResponseRecorder
+from continuum_ingress.metrics import IngressMetrics
+from continuum_ingress.pipeline import SelectionPipeline
+from continuum_ingress.pool import BackendState
+from continuum_ingress.protocol.dialects import (
     AttemptDialect,
     DialectAttempt,
     ResponseTranslator,
     UpstreamDialect,
 )
-from continuum_ingress.adapters.h1 import ConnectFailed, Disconnected, ReadTimeout, Response, UpstreamError
-from continuum_ingress.adapters.upstream import UpstreamClient
-from continuum_ingress.asgi import Channel
-from continuum_ingress.errors import NoBackend, RequestError
-from continuum_ingress.hooks import BodyRewriter, CacheLookup, RejectionHandler, ResponseRecorder
-from continuum_ingress.metrics import IngressMetrics
-from continuum_ingress.pipeline import SelectionPipeline
-from continuum_ingress.pool import BackendState
 from continuum_ingress.protocol.errors import stream_error_event
 from continuum_ingress.request_trace import end_upstream
 from continuum_ingress.snapshot import RouterSnapshot
 from continuum_ingress.state import RequestState
+from continuum_ingress.transport import (
+    ConnectFailed,
+    Disconnected,
+    ReadTimeout,
+    Upstream,
+    UpstreamError,
+    UpstreamResponse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +90,6 @@ def response_headers(
     out = [(k, v) for k, v in upstream if k not in _DROP_HEADERS]
     out.append((b"x-continuum-backend", backend.encode()))
     out.append((b"x-request-id", state.request_id.encode()))
-    if state.cache_status is not None:
-        out.append((b"x-cache", state.cache_status.upper().encode()))
     out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in state.cache_headers)
     return out
 
@@ -161,7 +166,7 @@ class Forwarder:
         lookup: CacheLookup,
     ) -> None:
         spec = snapshot.backends[backend.name]
-        client: UpstreamClient = snapshot.clients[spec.name]
+        client = snapshot.clients[spec.name]
         body = await self._body(state, snapshot, spec)
         dialect, target = self._prepare(state, spec, client)
         content = dialect.encode(state.api, body, state.raw)
@@ -216,7 +221,7 @@ class Forwarder:
         state: RequestState,
         spec: Backend,
         backend: BackendState,
-        response: Response,
+        response: UpstreamResponse,
         *,
         first: _FirstChunk | None,
         preread: bytes | None,
@@ -230,7 +235,7 @@ class Forwarder:
             await self._server_error(response, backend)
         backend.record_success(self.clock() - start)
         translator = dialect.translator(state.api, state.stream)
-        recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status == "miss" else None
+        recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status is CacheStatus.MISS else None
         if first is not None:
             response.read_timeout = min(response.read_timeout, spec.stream_idle_timeout_ms / 1000)
             await self._stream(
@@ -249,11 +254,11 @@ class Forwarder:
         spec: Backend,
         backend: BackendState,
         *,
-        client: UpstreamClient,
+        client: Upstream,
         target: str,
         headers: list[tuple[str, str]],
         content: bytes,
-    ) -> tuple[Response, _FirstChunk | None]:
+    ) -> tuple[UpstreamResponse, _FirstChunk | None]:
         """Send the attempt and wait for its first byte: the response head, and for a successful
         stream its first body chunk (engines send a stream's head at once and its first token
         after the prefill). Nothing has reached the client yet, so a stream whose first chunk
@@ -302,7 +307,7 @@ class Forwarder:
             raise _Retryable(error, "stream_error") from None
 
     def _prepare(
-        self, state: RequestState, spec: Backend, client: UpstreamClient
+        self, state: RequestState, spec: Backend, client: Upstream
     ) -> tuple[UpstreamDialect | DialectAttempt, str]:
         """The dialect object for this attempt and the request target."""
         binder = self.binders.get(spec.type)
@@ -317,13 +322,13 @@ class Forwarder:
         state: RequestState,
         spec: Backend,
         backend: BackendState,
-        response: Response,
+        response: UpstreamResponse,
         *,
         dialect: UpstreamDialect | DialectAttempt,
-        client: UpstreamClient,
+        client: Upstream,
         target: str,
         headers: list[tuple[str, str]],
-    ) -> tuple[Response, bytes | None]:
+    ) -> tuple[UpstreamResponse, bytes | None]:
         """A 4xx: let a rejection handler (the rewriter that caused it) resend once to the same
         backend. Returns the response to serve and, when its body was already read, the body."""
         handlers = [h for h in self.rejection_handlers if h.wants_body(state, spec, response.status)]
@@ -339,10 +344,10 @@ class Forwarder:
         return response, data
 
     async def _send(
-        self, client: UpstreamClient, target: str, headers: list[tuple[str, str]], content: bytes, backend: BackendState
-    ) -> Response:
+        self, client: Upstream, target: str, headers: list[tuple[str, str]], content: bytes, backend: BackendState
+    ) -> UpstreamResponse:
         try:
-            return await client.pool.request("POST", target, headers, content)
+            return await client.transport.request("POST", target, headers, content)
         except ReadTimeout:
             backend.record_failure(self.clock())
             self.metrics.backend(backend.name, "timeout")
@@ -363,7 +368,7 @@ class Forwarder:
                 "connect_error",
             ) from None
 
-    async def _server_error(self, response: Response, backend: BackendState) -> None:
+    async def _server_error(self, response: UpstreamResponse, backend: BackendState) -> None:
         """A 5xx before any byte reached the client: drop its body, count it, retry."""
         await self._drop(response)
         backend.record_failure(self.clock())
@@ -379,7 +384,7 @@ class Forwarder:
         )
 
     @staticmethod
-    async def _drop(response: Response) -> None:
+    async def _drop(response: UpstreamResponse) -> None:
         seen = 0
         try:
             async for chunk in response.stream():
@@ -389,7 +394,7 @@ class Forwarder:
         except UpstreamError:
             pass
 
-    async def _read(self, response: Response, backend: BackendState) -> bytes:
+    async def _read(self, response: UpstreamResponse, backend: BackendState) -> bytes:
         try:
             return await response.read()
         except ReadTimeout:
@@ -410,7 +415,7 @@ class Forwarder:
         state: RequestState,
         *,
         backend: BackendState,
-        response: Response,
+        response: UpstreamResponse,
         channel: Channel,
         translator: ResponseTranslator | None,
         recorder: ResponseRecorder | None,
@@ -435,7 +440,7 @@ class Forwarder:
         state: RequestState,
         *,
         backend: BackendState,
-        response: Response,
+        response: UpstreamResponse,
         first: _FirstChunk,
         channel: Channel,
         translator: ResponseTranslator | None,
@@ -492,7 +497,7 @@ class _FirstChunk:
         self._rest = rest
 
     @classmethod
-    async def read(cls, response: Response) -> _FirstChunk:
+    async def read(cls, response: UpstreamResponse) -> _FirstChunk:
         rest = response.stream()
         try:
             first: bytes | None = await anext(rest)

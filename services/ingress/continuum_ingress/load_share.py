@@ -7,7 +7,7 @@ the CHWBL bound and the KV cost model, which read `BackendState.in_flight` and
 `queued_tokens`, bound the fleet's load rather than this process's share. A report received is
 applied at once; so is a routing decision another replica shares (`bump`).
 
-Transports (`LoadTransport`): core NATS between replicas (adapters/load_nats.py) and Unix
+Transports (`LoadTransport`, load_transport.py): core NATS between replicas (adapters/load_nats.py) and Unix
 datagram sockets between the workers of one `serve` (adapters/load_local.py). A process may use
 both: its siblings' reports then arrive twice with the same sequence number, and the second copy
 is ignored. Publishing never waits: a report that cannot go out is counted as a drop, and
@@ -23,8 +23,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -36,6 +34,7 @@ from continuum_common.wire.loads import (
     decode_load_report,
     encode_load_report,
 )
+from continuum_ingress.load_transport import Delivery, LoadTransport
 from continuum_ingress.metrics import LoadShareMetrics
 from continuum_ingress.policy.shared_load import SharedLoad
 from continuum_ingress.pool import BackendPool
@@ -43,35 +42,6 @@ from continuum_ingress.pool import BackendPool
 log = logging.getLogger("continuum.ingress.load")
 
 FINAL_REPORT_TIMEOUT_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """What one publish did: messages sent, and a drop reason for each peer not reached."""
-
-    sent: int = 0
-    dropped: tuple[str, ...] = ()
-
-
-class LoadTransport(Protocol):
-    """Carries encoded load reports to and from the other processes."""
-
-    name: str
-
-    @property
-    def connected(self) -> bool: ...
-
-    async def open(self, receive: Callable[[bytes], None]) -> None:
-        """Start delivering the peers' reports to `receive` (may wait for a connection)."""
-        ...
-
-    async def publish(self, payload: bytes) -> Delivery:
-        """Send without waiting on a slow peer; never raises."""
-        ...
-
-    async def flush(self) -> None: ...
-
-    async def close(self) -> None: ...
 
 
 class LoadShare:
@@ -210,3 +180,6 @@ class LoadShare:
             return
         self.metrics.received.inc()
         self.refresh()
+
+
+__all__ = ["Delivery", "LoadShare", "LoadTransport"]
