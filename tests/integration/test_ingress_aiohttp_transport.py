@@ -7,15 +7,11 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import pytest
 
 from continuum_common.procs import free_port
+from continuum_ingress.adapters.aiohttp_transport import aiohttp_transport
 from continuum_testing.ingress_harness import RunningIngress, running_ingress, stub_backends
 from continuum_testing.upstream_stub import running_stubs
-
-pytest.importorskip("aiohttp")
-
-from continuum_ingress.adapters.aiohttp_transport import aiohttp_transport
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 STREAM = {**BODY, "stream": True}
