@@ -1,6 +1,7 @@
 """Tier 4 in the ingress: the KV overlap scorer, the index it reads, its admin routes.
 
-    kv = build_kv_routing(config, registry, nats_url=..., redis=shared_redis)  # None when disabled
+    kv = build_kv_routing(config, registry, nats_url=..., redis=shared_redis, embedded_index=factory)
+    # None when disabled; `embedded_index` builds the index of `backend: memory` (kv/embedded.py)
     IngressApp(..., scorer=kv.scorer, components=[kv], extra_admin_routes=kv.admin_routes())
 
 IngressApp does exactly this itself when it is not given a scorer (docs/kv-scorer.md).
@@ -13,10 +14,18 @@ from prometheus_client import CollectorRegistry
 from continuum_common.config import RouterConfig
 from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.kv.component import KvRouting
+from continuum_ingress.kv.embedded import EmbeddedIndex, EmbeddedIndexFactory
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.speculative import SpeculativeEntries
 
-__all__ = ["KvOverlapScorer", "KvRouting", "SpeculativeEntries", "build_kv_routing"]
+__all__ = [
+    "EmbeddedIndex",
+    "EmbeddedIndexFactory",
+    "KvOverlapScorer",
+    "KvRouting",
+    "SpeculativeEntries",
+    "build_kv_routing",
+]
 
 
 def build_kv_routing(
@@ -25,8 +34,9 @@ def build_kv_routing(
     *,
     nats_url: str | None = None,
     redis: SharedRedis | None = None,
+    embedded_index: EmbeddedIndexFactory | None = None,
 ) -> KvRouting | None:
     """Tier 4 for this configuration, or None when `kv_cache_index.enabled` is false."""
     if not config.kv_cache_index.enabled:
         return None
-    return KvRouting(config, registry, nats_url=nats_url, redis=redis)
+    return KvRouting(config, registry, nats_url=nats_url, redis=redis, embedded_index=embedded_index)
