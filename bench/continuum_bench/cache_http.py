@@ -1,6 +1,6 @@
 """End-to-end HTTP latency of the response cache (`python -m continuum_bench.cache_http`).
 
-What a client sees through one ingress process (`python -m continuum_ingress serve`), non-stream
+What a client sees through one ingress process (`python -m continuum_router serve`), non-stream
 chat completions over keep-alive HTTP/1.1, for each response-cache backend:
 
 * `hit`   the same temperature-0 request every time: answered from the cache, no backend;
@@ -173,7 +173,7 @@ def main_bench(args: argparse.Namespace) -> None:
             for name, cache_cfg, modes in setups:
                 ingress_port = _free_port()
                 config = _config(work, name, backend_port, cache_cfg)
-                serve = [sys.executable, "-m", "continuum_ingress", "serve", "--config", str(config),
+                serve = [sys.executable, "-m", "continuum_router", "serve", "--config", str(config),
                          "--port", str(ingress_port), "--watch-interval", "0"]  # fmt: skip
                 ingress = _start(serve, ingress_port, env)
                 try:

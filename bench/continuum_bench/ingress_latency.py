@@ -222,7 +222,14 @@ def _config(
 
 def _source_path(checkout: Path) -> str:
     """PYTHONPATH that runs the services of another Continuum checkout (`--baseline`)."""
-    parts = ["libs/common", "services/ingress", "services/indexer", "services/listener", "services/gemini-cache"]
+    parts = [
+        "libs/common",
+        "services/router",
+        "services/ingress",
+        "services/indexer",
+        "services/listener",
+        "services/gemini-cache",
+    ]
     return os.pathsep.join([*(str(checkout / p) for p in parts), str(checkout / "services/sim-engine"), str(checkout)])
 
 
@@ -230,7 +237,9 @@ def _start_ingress(
     config: Path, port: int, env: dict[str, str], transport: str | None = None
 ) -> subprocess.Popen[bytes]:
     """`serve` on `port` (or, with `transport`, the one-process launcher with that upstream
-    transport), returned once it (every worker of it) listens: it prints one line then."""
+    transport), returned once it (every worker of it) listens: it prints one line then.
+    `python -m continuum_ingress` runs `continuum-router` in this checkout and in a `--baseline`
+    checkout that predates `python -m continuum_router`."""
     argv = [sys.executable, "-m", "continuum_ingress", "serve", "--config", str(config), "--port", str(port)]
     if transport is not None:
         argv = [sys.executable, "-m", "continuum_bench.ingress_latency", "ingress", str(config), str(port), transport]

@@ -157,7 +157,7 @@ async def run_once(precise: bool, args: argparse.Namespace, workdir: Path, env: 
         sys.executable, "-m", "continuum_bench.ingress_latency", "backend", str(backend_port), env=env
     )
     ingress = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "continuum_ingress", "serve", "--config", str(path), "--port", str(ingress_port),
+        sys.executable, "-m", "continuum_router", "serve", "--config", str(path), "--port", str(ingress_port),
         env=env, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:

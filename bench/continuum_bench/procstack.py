@@ -196,7 +196,7 @@ class ProcessStack:
             )
         self.router = ServiceProcess(
             "router",
-            _python("continuum_ingress", "serve", "--config", str(router_file), "--watch-interval", "0", *env_level),
+            _python("continuum_router", "serve", "--config", str(router_file), "--watch-interval", "0", *env_level),
             f"http://127.0.0.1:{self.router_port}/healthz",
             self.root,
             self.router_port,

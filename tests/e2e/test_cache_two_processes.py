@@ -29,7 +29,7 @@ MESSAGES: list[Any] = [
 
 async def _serve(config: Path) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "continuum_ingress", "serve", "--config", str(config), "--port", "0",
+        sys.executable, "-m", "continuum_router", "serve", "--config", str(config), "--port", "0",
         "--watch-interval", "0",
         env={**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING", ADMIN_ENV: ADMIN_TOKEN},
         stdout=asyncio.subprocess.PIPE,

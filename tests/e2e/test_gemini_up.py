@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from continuum_common.config import load_router_config
-from continuum_ingress.up import SERVICES, UpContext, up
+from continuum_router.up import SERVICES, UpContext, up
 from continuum_testing.fake_gemini import FakeGemini, Op
 from continuum_testing.gemini_cache import API_KEY, KEY_ENV, MODEL, system_prompt, wait_for
 

@@ -15,7 +15,7 @@ import httpx
 import yaml
 
 from continuum_common.procs import RedisServer
-from continuum_ingress.up import up
+from continuum_router.up import up
 from continuum_sim import SimFleet
 from continuum_testing.kv_stack import chat, words
 

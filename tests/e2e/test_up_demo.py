@@ -18,7 +18,7 @@ from continuum_testing.up_process import read_until
 async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
     env = {**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "continuum_ingress", "up", "--demo", "--port", "0",
+        sys.executable, "-m", "continuum_router", "up", "--demo", "--port", "0",
         cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     assert proc.stdout is not None

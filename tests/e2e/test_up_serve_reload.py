@@ -21,7 +21,7 @@ async def test_serve_reloads_on_sighup_and_exits_on_sigterm(tmp_path: Path) -> N
     async with running_stubs("a", "b") as stubs:
         path.write_text(yaml.safe_dump({"backends": stub_backends(stubs[:1], models=["first"])}))
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "continuum_ingress", "serve", "--config", str(path), "--port", "0",
+            sys.executable, "-m", "continuum_router", "serve", "--config", str(path), "--port", "0",
             "--watch-interval", "0",
             env={**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING"}, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip

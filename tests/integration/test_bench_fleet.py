@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from continuum_bench.fleet.runner import FleetBenchOptions, run_fleet_bench
-from continuum_ingress.cli import main as router_cli
+from continuum_router.cli import main as router_cli
 from continuum_sim import SimFleet
 
 TINY = {

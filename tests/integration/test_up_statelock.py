@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from continuum_common.children import bound_to_parent, process_alive, process_start_ticks, spawn_options
-from continuum_ingress.statelock import LOCK_FILE, StateDirBusy, StateLock, holding
+from continuum_router.statelock import LOCK_FILE, StateDirBusy, StateLock, holding
 from continuum_testing.up_process import children_of, kill_leftovers
 
 _SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]

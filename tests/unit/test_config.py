@@ -17,7 +17,7 @@ from continuum_common.config import (
     router_warnings,
 )
 from continuum_common.errors import ConfigError
-from continuum_ingress.cli import main as cli_main
+from continuum_router.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
 

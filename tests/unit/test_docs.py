@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from continuum_ingress.cli import build_parser
+from continuum_router.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = sorted(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from continuum_ingress.hangup import TerminalWatch
+from continuum_router.hangup import TerminalWatch
 
 
 class Pipe:

@@ -8,12 +8,12 @@ from continuum_common.config.loader import parse
 from continuum_common.config.router import RouterConfig
 from continuum_common.events import EventType, KvEvent
 from continuum_common.kvindex import BackendCounters, ClearReport, IndexStats
-from continuum_indexer import admin
+from continuum_common.wire import indexer_admin as admin
+from continuum_common.wire.indexer_admin import SourceStats
 from continuum_indexer.config import IndexerSettings, parse_listen
 from continuum_indexer.errors import DroppedEvent
 from continuum_indexer.policy.backoff import Backoff
 from continuum_indexer.protocol.bus_messages import decode_bus_message
-from continuum_indexer.stats import SourceStats
 
 
 def test_backoff_doubles_to_the_cap_and_resets() -> None:

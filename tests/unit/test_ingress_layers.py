@@ -20,10 +20,6 @@ import continuum_ingress
 
 PACKAGE = "continuum_ingress"
 ORCHESTRATORS = frozenset({f"{PACKAGE}.forwarding"})
-# `up` and its Tier 4 services belong to the router package (services/router), not the
-# ingress; until they have moved there, the cycle between them is not the ingress's. Delete
-# this once neither module exists here.
-LEAVING = frozenset({f"{PACKAGE}.up", f"{PACKAGE}.kv.up"})
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -199,7 +195,7 @@ def test_the_graph_covers_the_ingress() -> None:
 
 def test_no_import_cycles() -> None:
     found = cycles(import_graph())
-    assert [c for c in found if not set(c) <= LEAVING] == []
+    assert found == []
 
 
 def test_adapters_import_no_policy_nor_the_orchestrator_and_protocol_no_adapters() -> None:

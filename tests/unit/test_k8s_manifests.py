@@ -355,7 +355,7 @@ def test_commands_parse_with_the_services_own_parsers(configs: dict[str, Path]) 
     from continuum_gemini_cache.__main__ import parse_args as gemini_args
     from continuum_indexer.__main__ import build_settings
     from continuum_indexer.__main__ import parse_args as indexer_args
-    from continuum_ingress.cli import build_parser
+    from continuum_router.cli import build_parser
 
     def args_of(name: str) -> list[str]:
         command: list[str] = container(deployments()[name])["command"]

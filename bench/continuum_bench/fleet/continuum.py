@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,10 @@ def continuum_config(ctx: FleetContext, strategy: str, *, prefix_routing: bool) 
 @contextlib.asynccontextmanager
 async def continuum_ingress(ctx: FleetContext, name: str, config: dict[str, Any]) -> AsyncIterator[str]:
     path = ctx.write_yaml(f"{name}.yaml", config)
-    argv = [*console("continuum-router"), "serve", "--config", str(path), "--port", "0", "--log-level", "WARNING"]
+    # `python -m continuum_router` is `continuum-router` of the code being measured, whichever
+    # console scripts are installed.
+    argv = [sys.executable, "-m", "continuum_router", "serve", "--config", str(path), "--port", "0"]
+    argv += ["--log-level", "WARNING"]
     async with process(argv, ctx.log(name), ready=r"listening on (http://\S+)") as (_, match):
         assert match is not None
         url = match.group(1)

@@ -1,4 +1,5 @@
-"""Run the ingress for tests: a real uvicorn server on a free loopback port."""
+"""Run the ingress for tests: a real uvicorn server on a free loopback port, composed as the
+launcher composes it (continuum_router.compose: with the embedded KV index of the memory backend)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from continuum_common.config import RouterConfig, parse
 from continuum_ingress.app import IngressApp
 from continuum_ingress.server import RunningServer
+from continuum_router.compose import build_ingress
 from continuum_testing.upstream_stub import RunningStub
 
 
@@ -41,6 +43,6 @@ def router_config(data: dict[str, Any]) -> RouterConfig:
 async def running_ingress(config: dict[str, Any] | str | Path, **kwargs: Any) -> AsyncIterator[RunningIngress]:
     """The ingress for `config` (a dict is validated like a file) listening on loopback."""
     source: RouterConfig | str | Path = router_config(config) if isinstance(config, dict) else config
-    app = IngressApp(source, **kwargs)
+    app = build_ingress(source, **kwargs)
     async with RunningServer(app.asgi, edge=app.edge) as server:
         yield RunningIngress(app, server)

@@ -20,7 +20,7 @@ import yaml
 
 from continuum_common.children import process_alive
 
-ROUTER = (sys.executable, "-m", "continuum_ingress")
+ROUTER = (sys.executable, "-m", "continuum_router")
 
 
 def env(level: str = "WARNING") -> dict[str, str]:

@@ -17,7 +17,7 @@ from continuum_common.bus import connect
 from continuum_common.kvindex import BlockIndexStore, KvIndexStore, open_block_index, open_kv_index
 from continuum_common.redis_client import RedisClient, make_redis
 from continuum_common.tracing import Tracing
-from continuum_indexer import admin
+from continuum_common.wire import indexer_admin as admin
 from continuum_indexer.adapters.admin_nats import AdminResponder
 from continuum_indexer.adapters.http import HealthServer
 from continuum_indexer.config import IndexerSettings

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from continuum_common.config.router import EventSource, RouterConfig
 
 DEFAULT_DURABLE = "continuum-indexer"
-ADMIN_SUBJECT_PREFIX = "continuum.indexer.admin."
 ADMIN_QUEUE_GROUP = "continuum-indexer-admin"
 
 

@@ -3,7 +3,7 @@ InMemoryKvIndex (prefix keys) and InMemoryBlockIndex (engine block hashes), with
 service and no Redis.
 
     kv = EmbeddedKvIndex(config, nc, registry=ingress_registry)
-    tg.create_task(kv.run())          # in the ingress's TaskGroup
+    tg.create_task(kv.run())          # in the ingress's TaskGroup; kv.ready is set once it follows
     holders = await kv.index.query_many(prefixes)    # the scorer reads kv.index (a KvIndex)
     matches = kv.blocks.match_nowait(chain, backends)  # synchronous, no await
     ...
@@ -13,15 +13,21 @@ Each ingress replica has a private ephemeral JetStream consumer that first repla
 `entry_ttl_seconds` of the stream (so a restarted ingress rebuilds its index, as the seed's
 does from its SSE streams) and then follows it live; `transport: sse` sources are read
 directly. Nothing is shared between replicas: each holds the whole index.
+
+The ingress does not import this module: the launcher passes the class to it as the factory of
+its embedded index (continuum_ingress.kv.embedded), whose interface this class implements.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 
 from continuum_common.config.router import RouterConfig
 from continuum_common.kvindex import InMemoryBlockIndex, InMemoryKvIndex
+from continuum_common.wire.indexer_admin import SourceStats
 from continuum_indexer.config import ConsumerSettings, IndexerSettings
 from continuum_indexer.feeds import IndexFeeds
 from continuum_indexer.metrics import IndexerMetrics
@@ -49,6 +55,14 @@ class EmbeddedKvIndex:
         )
         self.metrics = IndexerMetrics(self.settings.known_backends(), registry)
         self.feeds = IndexFeeds(self.settings, self.index, nc, self.metrics, self.blocks)
+
+    @property
+    def ready(self) -> asyncio.Event:
+        """Set once the bus consumer has replayed the stream's recent history and follows it."""
+        return self.feeds.consumer.ready
+
+    def source_stats(self) -> list[SourceStats]:
+        return self.feeds.source_stats()
 
     async def run(self) -> None:
         # the consumer ensures the stream before it binds, retrying with backoff

@@ -16,13 +16,13 @@ from nats.aio.client import Client as NatsClient
 from continuum_common.bus import ensure_kv_stream
 from continuum_common.kvindex import BlockIndexStats, BlockIndexWriter, KvIndexError, KvIndexWriter
 from continuum_common.tracing import Tracing
+from continuum_common.wire.indexer_admin import SourceStats
 from continuum_indexer.adapters.jetstream import JetStreamConsumer
 from continuum_indexer.adapters.resync import ResyncRequester
 from continuum_indexer.adapters.sse_source import SseSource
 from continuum_indexer.config import IndexerSettings
 from continuum_indexer.feed import EventSink
 from continuum_indexer.metrics import IndexerMetrics
-from continuum_indexer.stats import SourceStats
 
 log = logging.getLogger("continuum.indexer")
 

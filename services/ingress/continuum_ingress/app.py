@@ -8,7 +8,8 @@ The response cache (Tier 2/3, `cache.hook.CacheHook`) is built here from the con
 unless a `response_cache` hook is passed, and the process's one Redis client (`app.redis`, a
 `SharedRedis`; pass `redis=` to share one built outside) too. The Tier 4 KV scorer (`kv/`) is
 built here when `kv_cache_index.enabled` and no `scorer` is passed; a Redis KV index reads
-through `app.redis`, so the response cache and the KV index share one pool. The shared load view
+through `app.redis`, so the response cache and the KV index share one pool, and a memory one is
+built by `embedded_index` (kv/embedded.py: the launcher passes the indexer's embedded feed). The shared load view
 (`load_view.py`) is built here whenever the process has peers: sibling workers (`worker=`, the
 seat a `serve` supervisor gave this process) or other replicas over NATS; a worker's `/metrics`
 answers for every worker of its `serve` (adapters/worker_metrics.py).
@@ -55,7 +56,7 @@ from continuum_ingress.errors import RequestError
 from continuum_ingress.forwarding import Forwarder
 from continuum_ingress.gemini.wiring import build_gemini
 from continuum_ingress.hooks import BodyRewriter, Component, RequestScorer, ResponseCacheHook
-from continuum_ingress.kv import build_kv_routing, kv_admin_routes
+from continuum_ingress.kv import EmbeddedIndexFactory, build_kv_routing, kv_admin_routes
 from continuum_ingress.load_view import build_load_share
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
@@ -89,6 +90,7 @@ class IngressApp:
         redis: SharedRedis | None = None,
         cache_monitor_interval_s: float = 30.0,
         nats_url: str | None = None,
+        embedded_index: EmbeddedIndexFactory | None = None,
         worker: WorkerSeat | None = None,
         reload_interval: float = 1.0,
         health_tick: float = 0.1,
@@ -132,7 +134,11 @@ class IngressApp:
             None
             if scorer is not None
             else build_kv_routing(
-                self.holder.current.config, self.metrics.registry, nats_url=nats_url, redis=self.redis
+                self.holder.current.config,
+                self.metrics.registry,
+                nats_url=nats_url,
+                redis=self.redis,
+                embedded_index=embedded_index,
             )
         )
         if self.kv is not None:

@@ -10,7 +10,6 @@ import logging
 import socket
 from typing import Any
 
-import orjson
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -18,8 +17,8 @@ from nats.js.errors import Error as JsError
 
 from continuum_common.config.router import KvCacheIndex
 from continuum_common.kvindex import BlockIndexWriter, KvIndexError, KvIndexWriter
-from continuum_indexer import admin
-from continuum_indexer.config import ADMIN_QUEUE_GROUP, ADMIN_SUBJECT_PREFIX
+from continuum_common.wire import indexer_admin as admin
+from continuum_indexer.config import ADMIN_QUEUE_GROUP
 from continuum_indexer.feeds import IndexFeeds
 from continuum_indexer.metrics import IndexerMetrics
 
@@ -47,7 +46,7 @@ class AdminResponder:
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(ADMIN_SUBJECT_PREFIX + "*", queue=ADMIN_QUEUE_GROUP, cb=self._on_request)
+        self._sub = await self.nc.subscribe(admin.ADMIN_SUBJECT_WILDCARD, queue=ADMIN_QUEUE_GROUP, cb=self._on_request)
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -57,7 +56,7 @@ class AdminResponder:
                 log.debug("admin unsubscribe: %s", type(exc).__name__)
 
     async def _on_request(self, msg: Msg) -> None:
-        verb = msg.subject[len(ADMIN_SUBJECT_PREFIX) :]
+        verb = admin.verb_of(msg.subject)
         try:
             body = await self.answer(verb)
         except KvIndexError as exc:
@@ -65,7 +64,7 @@ class AdminResponder:
             body = admin.error_body("index_unavailable", str(exc))
         if msg.reply:
             try:
-                await msg.respond(orjson.dumps(body))
+                await msg.respond(admin.encode_reply(body))
             except Exception as exc:  # the requester went away
                 log.debug("admin reply failed: %s", type(exc).__name__)
 

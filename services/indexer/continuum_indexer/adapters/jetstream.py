@@ -35,6 +35,7 @@ from continuum_common.events import STREAM_NAME, SUBJECT_WILDCARD, KvEvent
 from continuum_common.kvindex import KvIndexError
 from continuum_common.kvindex.block_pack import batch_blocks, split_by_size
 from continuum_common.tracing import Tracing
+from continuum_common.wire.indexer_admin import SourceStats
 from continuum_common.wire.kv import KvBatch
 from continuum_indexer.adapters.pull import ConsumerGoneError, PullStream
 from continuum_indexer.config import ConsumerSettings
@@ -43,7 +44,6 @@ from continuum_indexer.feed import EventSink
 from continuum_indexer.metrics import EVENT_BUS_SOURCE
 from continuum_indexer.policy.backoff import Backoff
 from continuum_indexer.protocol.bus_messages import decode_bus_message
-from continuum_indexer.stats import SourceStats
 
 log = logging.getLogger("continuum.indexer.jetstream")
 _IDLE_ERRORS = (nats.errors.TimeoutError, FetchTimeoutError, asyncio.TimeoutError)

@@ -40,10 +40,10 @@ from continuum_common.kvindex.sse import (
     record_to_event,
     record_type,
 )
+from continuum_common.wire.indexer_admin import SourceStats
 from continuum_indexer.errors import IndexerError
 from continuum_indexer.feed import EventSink
 from continuum_indexer.policy.backoff import Backoff
-from continuum_indexer.stats import SourceStats
 
 log = logging.getLogger("continuum.indexer.sse")
 _MAX_WS_MESSAGE = 2 << 20

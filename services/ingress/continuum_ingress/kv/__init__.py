@@ -1,6 +1,7 @@
 """Tier 4 in the ingress: the KV overlap scorer, the index it reads, its admin routes.
 
-    kv = build_kv_routing(config, registry, nats_url=..., redis=shared_redis)  # None when disabled
+    kv = build_kv_routing(config, registry, nats_url=..., redis=shared_redis, embedded_index=factory)
+    # None when disabled; `embedded_index` builds the index of `backend: memory` (kv/embedded.py)
     IngressApp(..., scorer=kv.scorer, components=[kv], extra_admin_routes=kv_admin_routes(kv))
 
 IngressApp does exactly this itself when it is not given a scorer (docs/kv-scorer.md).
@@ -14,11 +15,20 @@ from starlette.routing import Route
 from continuum_common.config import RouterConfig
 from continuum_ingress.kv.admin import KvAdminEndpoints
 from continuum_ingress.kv.component import KvRouting
+from continuum_ingress.kv.embedded import EmbeddedIndex, EmbeddedIndexFactory
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.speculative import SpeculativeEntries
 from continuum_ingress.shared_client import SharedClient
 
-__all__ = ["KvOverlapScorer", "KvRouting", "SpeculativeEntries", "build_kv_routing", "kv_admin_routes"]
+__all__ = [
+    "EmbeddedIndex",
+    "EmbeddedIndexFactory",
+    "KvOverlapScorer",
+    "KvRouting",
+    "SpeculativeEntries",
+    "build_kv_routing",
+    "kv_admin_routes",
+]
 
 
 def build_kv_routing(
@@ -27,11 +37,12 @@ def build_kv_routing(
     *,
     nats_url: str | None = None,
     redis: SharedClient | None = None,
+    embedded_index: EmbeddedIndexFactory | None = None,
 ) -> KvRouting | None:
     """Tier 4 for this configuration, or None when `kv_cache_index.enabled` is false."""
     if not config.kv_cache_index.enabled:
         return None
-    return KvRouting(config, registry, nats_url=nats_url, redis=redis)
+    return KvRouting(config, registry, nats_url=nats_url, redis=redis, embedded_index=embedded_index)
 
 
 def kv_admin_routes(kv: KvRouting) -> list[Route]:

@@ -2,7 +2,7 @@
 
 Each answer combines three views:
 
-* the index and its feeds: in memory mode this process's EmbeddedKvIndex (read directly); in
+* the index and its feeds: in memory mode this process's embedded index (read directly); in
   redis mode one indexer replica's answer over NATS (`continuum.indexer.admin.<verb>`), and,
   when no indexer answers, the Redis index's own counts read directly (read-only);
 * the listeners' heartbeats (KV bucket `continuum_listeners`): connection state of the engines'
@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from continuum_common.kvindex import KvIndexError
-from continuum_indexer import admin as indexer_admin
+from continuum_common.wire import indexer_admin
 from continuum_ingress.policy.scorer import HoldingTier
 
 if TYPE_CHECKING:
@@ -127,13 +127,11 @@ class KvAdminEndpoints:
         """(the indexer-shaped answer, where it came from)."""
         kv = self.kv
         if kv.embedded is not None:
-            index, feeds = kv.embedded.index, kv.embedded.feeds
+            index, sources = kv.embedded.index, kv.embedded.source_stats()
             if verb == "stats":
-                body = indexer_admin.stats_body(
-                    kv.section, await index.stats(), feeds.source_stats(), None, "ingress (embedded)"
-                )
+                body = indexer_admin.stats_body(kv.section, await index.stats(), sources, None, "ingress (embedded)")
             else:
-                body = indexer_admin.backends_body(kv.section, await index.backend_counters(), feeds.source_stats())
+                body = indexer_admin.backends_body(kv.section, await index.backend_counters(), sources)
             return body, "embedded"
         answer = await kv.bus.indexer(verb)
         if answer is not None and answer.get("success", True) is not False:

@@ -15,9 +15,10 @@ Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns
 * a watch that forgets what was recorded about a backend whose engine cleared its cache (the
   block index's per-backend generation);
 * the prefix-key index it reads:
-  - `backend: memory`: continuum_indexer.embedded.EmbeddedKvIndex, an InMemoryKvIndex in this
-    process fed by a private JetStream consumer (it replays the last entry TTL of the stream,
-    then follows it) and by the `transport: sse` sources; no indexer process, no Redis;
+  - `backend: memory`: an embedded index (kv/embedded.py), an InMemoryKvIndex in this process
+    fed by a private JetStream consumer (it replays the last entry TTL of the stream, then
+    follows it) and by the `transport: sse` sources; no indexer process, no Redis. The launcher
+    passes the factory that builds it (`embedded_index`);
   - `backend: redis`: a RedisKvIndex used read-only (the indexer service writes it), on the
     process's shared Redis client (`app.redis`, which the response cache uses too; followed
     across hot-reload swaps), else on a client of its own;
@@ -41,15 +42,16 @@ from prometheus_client import CollectorRegistry
 
 from continuum_common.config import RouterConfig
 from continuum_common.config.router import KvCacheIndex
+from continuum_common.errors import ConfigError
 from continuum_common.kvindex import KvIndex
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.kvindex.blocks import BlockIndexReader, MatchQuery
 from continuum_common.redis_client import RedisClient
 from continuum_common.wire.decisions import Decision, replica_id
-from continuum_indexer.embedded import EmbeddedKvIndex
 from continuum_ingress.kv.adapters.bus import BusReader, connect_client
 from continuum_ingress.kv.adapters.decisions import DecisionShare
 from continuum_ingress.kv.block_reads import BlockReads
+from continuum_ingress.kv.embedded import EmbeddedIndex, EmbeddedIndexFactory
 from continuum_ingress.kv.metrics import KvScorerMetrics
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.selector import KvSelector
@@ -73,9 +75,15 @@ class KvRouting:
         *,
         nats_url: str | None = None,
         redis: SharedClient | None = None,
+        embedded_index: EmbeddedIndexFactory | None = None,
         embedded_maintenance_s: float = 30.0,
     ) -> None:
         section = config.kv_cache_index
+        if section.backend == "memory" and embedded_index is None:
+            raise ConfigError(
+                "kv_cache_index.backend: memory needs the embedded KV index, which `continuum-router serve` "
+                "and `continuum-router up` provide; built without it, use backend: redis"
+            )
         self.config = config
         self.section = section
         self.nats_url = nats_url
@@ -107,7 +115,8 @@ class KvRouting:
         # The shared load view, when the app runs one (it counts the decisions shared here).
         self.load_share: LoadShare | None = None
         self._generations: dict[str, int] = {}
-        self.embedded: EmbeddedKvIndex | None = None
+        self._embedded_index = embedded_index
+        self.embedded: EmbeddedIndex | None = None
         self.redis_index: RedisKvIndex | None = None
         self._shared_redis = redis
         self._owned_redis: RedisClient | None = None
@@ -124,10 +133,10 @@ class KvRouting:
     # ---- Component -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.backend == "memory":
+        if self._embedded_index is not None and self.backend == "memory":
             # Built now so its metrics exist from the first scrape; it starts consuming once
             # NATS is connected.
-            self.embedded = EmbeddedKvIndex(
+            self.embedded = self._embedded_index(
                 self.config, self.nc, registry=self.registry, maintenance_interval_s=self._embedded_maintenance_s
             )
             self.prefix_scorer.index = self.embedded.index
@@ -181,8 +190,7 @@ class KvRouting:
                 if self.embedded is None:
                     self.ready.set()
                 else:
-                    consumer = self.embedded.feeds.consumer
-                    watcher = tasks.create_task(consumer.ready.wait())
+                    watcher = tasks.create_task(self.embedded.ready.wait())
                     watcher.add_done_callback(lambda t: None if t.cancelled() else self.ready.set())
                     await self.embedded.run()
                     if self._closing:  # the feed finished its batch: the rest stops with it

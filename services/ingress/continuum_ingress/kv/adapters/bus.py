@@ -17,10 +17,10 @@ from nats.aio.client import Client as NatsClient
 from continuum_common.bus import connect_options
 from continuum_common.config.router import Bus
 from continuum_common.events import LISTENERS_BUCKET
+from continuum_common.wire import indexer_admin
 
 log = logging.getLogger("continuum.ingress.kv")
 
-ADMIN_SUBJECT_PREFIX = "continuum.indexer.admin."  # served by continuum_indexer.adapters.admin_nats
 MAX_HEARTBEATS = 4096
 
 
@@ -65,12 +65,13 @@ class BusReader:
         if not self.connected:
             return None
         try:
-            msg = await self.nc.request(ADMIN_SUBJECT_PREFIX + verb, b"{}", timeout=self.timeout_s)
-            body = orjson.loads(msg.data)
+            msg = await self.nc.request(
+                indexer_admin.subject_for(verb), indexer_admin.REQUEST_BODY, timeout=self.timeout_s
+            )
+            return indexer_admin.decode_reply(msg.data)
         except Exception as exc:  # no responders, timeout, a broken answer
             log.info("indexer admin %s: no answer (%s)", verb, type(exc).__name__)
             return None
-        return body if isinstance(body, dict) else None
 
     async def heartbeats(self) -> list[dict[str, Any]]:
         """The live listener heartbeats (one per backend; entries expire with the bucket TTL)."""

@@ -46,8 +46,8 @@ def _validate_one(file: str, kind: str) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from continuum_common.logs import setup_logging
     from continuum_ingress.config import resolve_config_path
-    from continuum_ingress.run import run_loop, serve_forever
     from continuum_ingress.workers import WorkerSeat
+    from continuum_router.run import run_loop, serve_forever
 
     path = resolve_config_path(args.config)
     if path is None:
@@ -71,8 +71,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     from continuum_common.logs import setup_logging
     from continuum_ingress.config import resolve_config_path
-    from continuum_ingress.run import run_loop
-    from continuum_ingress.up import up
+    from continuum_router.run import run_loop
+    from continuum_router.up import up
 
     setup_logging("up", args.log_level)
     try:

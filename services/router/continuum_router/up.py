@@ -13,7 +13,7 @@ by SIGKILL (continuum_common.children).
 SERVICES is the registry of what runs: the KV listener (with `--listener-config FILE`, or the
 file `--demo` generates), the indexer (with `kv_cache_index.backend: redis`; with `memory` the
 ingress holds the index itself), gemini-cache (with `gemini_context_cache.enabled`) and the ingress. Each
-`Service.run()` gets the UpContext (config, NATS URL, data directory). See kv/up.py.
+`Service.run()` gets the UpContext (config, NATS URL, data directory). See kv.py.
 """
 
 from __future__ import annotations
@@ -35,21 +35,21 @@ from continuum_common.asgi_server import bind_tcp
 from continuum_common.config import RouterConfig, load_router_config
 from continuum_common.errors import ConfigError, ListenError
 from continuum_common.procs import NatsServer
-from continuum_ingress.app import IngressApp
-from continuum_ingress.demo import banner as demo_banner
-from continuum_ingress.demo import demo_config, demo_fleet, demo_model
-from continuum_ingress.hangup import TerminalWatch, detach_std_streams
-from continuum_ingress.kv.up import (
+from continuum_ingress.server import RunningServer
+from continuum_router.compose import build_ingress
+from continuum_router.demo import banner as demo_banner
+from continuum_router.demo import demo_config, demo_fleet, demo_model
+from continuum_router.hangup import TerminalWatch, detach_std_streams
+from continuum_router.kv import (
     ADMIN_TOKEN_FILE,
     demo_kv_sections,
     demo_listener_config,
     indexer_service,
     listener_service,
 )
-from continuum_ingress.run import install_stop_signals
-from continuum_ingress.server import RunningServer
-from continuum_ingress.statelock import StateLock, holding
-from continuum_ingress.topology import load_plan_inputs, plan, run_multi
+from continuum_router.run import install_stop_signals
+from continuum_router.statelock import StateLock, holding
+from continuum_router.topology import load_plan_inputs, plan, run_multi
 from continuum_sim import SimFleet
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Service:
 
 @contextlib.asynccontextmanager
 async def _ingress(ctx: UpContext) -> AsyncIterator[str | None]:
-    app = IngressApp(ctx.config_path, nats_url=ctx.nats_url)
+    app = build_ingress(ctx.config_path, nats_url=ctx.nats_url)
     server_cfg = ctx.config.server
     if server_cfg.workers > 1:
         log.warning("server.workers=%d applies to `serve`; `up` runs one ingress process", server_cfg.workers)

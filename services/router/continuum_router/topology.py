@@ -29,7 +29,7 @@ import yaml
 
 from continuum_common.config import read_yaml
 from continuum_common.procs import HttpServiceProcess, ManagedProcess, RedisServer, free_port
-from continuum_ingress.statelock import StateLock
+from continuum_router.statelock import StateLock
 
 log = logging.getLogger("continuum.up")
 
@@ -149,7 +149,7 @@ async def run_multi(
     server = router["server"]
     url = f"http://{server['host']}:{server['port']}"
     ingress = HttpServiceProcess(
-        "ingress", _python("continuum_ingress", "serve", "--config", str(router_file), *level),
+        "ingress", _python("continuum_router", "serve", "--config", str(router_file), *level),
         f"{url}/healthz", work, int(server["port"]),
     )  # fmt: skip
     await stack.enter_async_context(_child(ingress, lock, "ingress", described, url))

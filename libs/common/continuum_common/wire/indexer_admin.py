@@ -1,14 +1,81 @@
-"""Admin answers (pure composition of index stats, counters and source states into the seed's
-JSON shapes); adapters/admin_nats.py serves them over NATS request/reply."""
+"""The indexer's admin over NATS request/reply: subjects, the answers' JSON shapes and their codecs
+(pure, no I/O).
+
+Requests go to `continuum.indexer.admin.<verb>` with the body `{}`, verb one of `stats`,
+`backends`, `clear`; every indexer replica subscribes in one queue group, so one replica answers.
+The answers are JSON objects in the seed's shapes (docs/kv-index.md): `stats_body`,
+`backends_body`, `clear_body`, or `error_body` (`"success": false`). The ingress builds the same
+shapes from the KV index it feeds itself (`kv_cache_index.backend: memory`).
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
 
 from continuum_common.config.router import KvCacheIndex
 from continuum_common.kvindex import BackendCounters, BlockIndexStats, ClearReport, IndexStats
-from continuum_indexer.stats import SourceStats
+
+ADMIN_SUBJECT_PREFIX: Final = "continuum.indexer.admin."
+ADMIN_SUBJECT_WILDCARD: Final = ADMIN_SUBJECT_PREFIX + "*"
+VERBS: Final = ("stats", "backends", "clear")
+REQUEST_BODY: Final = b"{}"
+
+
+def subject_for(verb: str) -> str:
+    return ADMIN_SUBJECT_PREFIX + verb
+
+
+def verb_of(subject: str) -> str:
+    """The verb of a request's subject (empty when the subject is not an admin subject)."""
+    return subject[len(ADMIN_SUBJECT_PREFIX) :] if subject.startswith(ADMIN_SUBJECT_PREFIX) else ""
+
+
+def encode_reply(body: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(body)
+
+
+def decode_reply(data: bytes) -> dict[str, Any] | None:
+    """An answer as a JSON object, or None when it is not one (raises orjson.JSONDecodeError on
+    bytes that are not JSON)."""
+    body = orjson.loads(data)
+    return body if isinstance(body, dict) else None
+
+
+@dataclass(slots=True)
+class SourceStats:
+    """One SSE event source's connection state, as an `event_sources` entry of the answers."""
+
+    backend_name: str
+    transport: str
+    connected: bool = False
+    events_received: int = 0
+    events_dropped: int = 0
+    reconnect_count: int = 0
+    last_event_at: float | None = None  # wall clock seconds
+
+    def saw_events(self, count: int) -> None:
+        self.events_received += count
+        self.last_event_at = time.time()
+
+    def to_json(self) -> dict[str, Any]:
+        last = None
+        if self.last_event_at is not None:
+            last = datetime.fromtimestamp(self.last_event_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {
+            "backend_name": self.backend_name,
+            "transport": self.transport,
+            "connected": self.connected,
+            "events_received": self.events_received,
+            "events_dropped": self.events_dropped,
+            "last_event_at": last,
+            "reconnect_count": self.reconnect_count,
+        }
 
 
 def stats_body(

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 from continuum_common.asgi_server import bind_tcp
 from continuum_common.config import load_router_config
-from continuum_ingress.app import IngressApp
 from continuum_ingress.server import RunningServer
 from continuum_ingress.supervisor import Supervisor
 from continuum_ingress.workers import WorkerSeat
+from continuum_router.compose import build_ingress
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,7 +53,7 @@ async def serve_forever(
 ) -> int:
     """`continuum-router serve`: one ingress process until SIGINT/SIGTERM; SIGHUP reloads. With
     `server.workers` > 1 this process becomes the supervisor of that many workers
-    (supervisor.py); `worker` makes it one of them. Returns the exit code."""
+    (continuum_ingress.supervisor); `worker` makes it one of them. Returns the exit code."""
     if worker is None:
         server_cfg = load_router_config(config_path).server
         if server_cfg.workers > 1:
@@ -64,7 +64,7 @@ async def serve_forever(
                 server_cfg.workers,
             )
             return await supervisor.run()
-    app = IngressApp(config_path, reload_interval=watch_interval, worker=worker)
+    app = build_ingress(config_path, reload_interval=watch_interval, worker=worker)
     server_cfg = app.holder.current.config.server
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -83,7 +83,7 @@ async def serve_forever(
 
 def _serve_argv(config_path: str | Path, watch_interval: float, log_level: str | None) -> list[str]:
     """The command a supervisor runs for each worker (the worker's seat, host and port follow)."""
-    argv = [sys.executable, "-m", "continuum_ingress", "serve", "--config", str(config_path)]
+    argv = [sys.executable, "-m", "continuum_router", "serve", "--config", str(config_path)]
     argv += ["--watch-interval", repr(watch_interval)]
     if log_level:
         argv += ["--log-level", log_level]

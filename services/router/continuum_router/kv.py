@@ -31,7 +31,7 @@ from continuum_common.config.listener import ListenerConfig
 from continuum_common.config.loader import load_listener_config
 
 if TYPE_CHECKING:
-    from continuum_ingress.up import UpContext
+    from continuum_router.up import UpContext
 
 log = logging.getLogger("continuum.up")
 
