@@ -10,8 +10,8 @@ through continuum_common.kvindex.sse.SseParser, so both schemes behave the same:
   deliberately dropped), so an index outage never skips events: while the index is down the
   source retries the same batch and stops reading, and the listener's bounded history covers
   the gap on reconnect;
-* a line or a record's `data:` over 1 MiB drops the connection (SseLimitError), then back off
-  and resume.
+* a record over 1 MiB before its blank line drops the connection (SseLimitError), then back
+  off and resume.
 """
 
 from __future__ import annotations
