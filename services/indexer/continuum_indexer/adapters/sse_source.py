@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from continuum_common.backoff import Backoff
 from continuum_common.config.router import EventSource
 from continuum_common.events import KvEvent
 from continuum_common.kvindex import KvIndexError
@@ -42,7 +43,6 @@ from continuum_common.kvindex.sse import (
 )
 from continuum_indexer.errors import IndexerError
 from continuum_indexer.feed import EventSink
-from continuum_indexer.policy.backoff import Backoff
 from continuum_indexer.stats import SourceStats
 
 log = logging.getLogger("continuum.indexer.sse")
