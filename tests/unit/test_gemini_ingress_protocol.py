@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from continuum_common.gemini_protocol import LookupReply, LookupResult, digest_hex
 from continuum_common.hashing import gemini_digest
+from continuum_common.wire.gemini import LookupReply, LookupResult, digest_hex
 from continuum_ingress.gemini.errors import ConversionError
 from continuum_ingress.gemini.memo import LookupMemo
 from continuum_ingress.gemini.policy import Candidate, Ineligible, cache_candidate

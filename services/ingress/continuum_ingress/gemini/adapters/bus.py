@@ -1,4 +1,4 @@
-"""The ingress's NATS client of the gemini-cache service (continuum_common.gemini_protocol).
+"""The ingress's NATS client of the gemini-cache service (continuum_common.wire.gemini).
 
 * `lookup`: request/reply with the configured short timeout; a timeout, "no responders", a
   closed connection or a malformed reply is `None` (the caller treats it as a miss), counted by
@@ -27,7 +27,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from continuum_common.config.router import Bus
-from continuum_common.gemini_protocol import (
+from continuum_common.wire.gemini import (
     ADMIN_TIMEOUT_S,
     SUBJECT_ADMIN_CLEAR,
     SUBJECT_ADMIN_STATS,
