@@ -25,8 +25,8 @@ import httpx
 import orjson
 
 from continuum_common.config import RouterConfig
-from continuum_common.gemini_protocol import LookupReply, LookupResult, digest_hex
 from continuum_common.procs import NatsServer
+from continuum_common.wire.gemini import LookupReply, LookupResult, digest_hex
 from continuum_gemini_cache.app import GeminiCacheApp
 from continuum_ingress.gemini.memo import LookupMemo
 from continuum_ingress.gemini.policy import Candidate, cache_candidate

@@ -31,7 +31,11 @@ from nats.aio.client import Client as NatsClient
 
 from continuum_common.config.router import KvCacheIndex
 from continuum_common.events import EventType, KvEvent, Tier
-from continuum_common.gemini_protocol import (
+from continuum_common.kvindex.block_memory import InMemoryBlockIndex
+from continuum_common.kvindex.memory import InMemoryKvIndex
+from continuum_common.procs import NatsServer
+from continuum_common.wire.decisions import Decision, DecisionDecodeError, decode_decision, encode_decision
+from continuum_common.wire.gemini import (
     SUBJECT_DROP,
     SUBJECT_ENSURE,
     SUBJECT_LOOKUP,
@@ -47,10 +51,6 @@ from continuum_common.gemini_protocol import (
     UsageReport,
     decode_stats,
 )
-from continuum_common.kvindex.block_memory import InMemoryBlockIndex
-from continuum_common.kvindex.memory import InMemoryKvIndex
-from continuum_common.procs import NatsServer
-from continuum_common.wire.decisions import Decision, DecisionDecodeError, decode_decision, encode_decision
 from continuum_common.wire.kv import (
     AllCleared,
     BatchDecodeError,

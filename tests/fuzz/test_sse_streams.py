@@ -1,13 +1,13 @@
-"""Hostile server-sent-event streams against the three SSE consumers:
+"""Hostile server-sent-event streams against the SSE consumers (the splitter they share,
+continuum_common.sse, has its own properties in tests/unit/test_sse.py):
 
 * the KV index's SSE transport (`continuum_common.kvindex.sse`: SseParser + record_to_event),
-* the response cache's stream recorder (`continuum_ingress.cache.protocol.sse.StreamRecorder`),
-* the Gemini stream splitter (`continuum_ingress.gemini.protocol.sse.SseSplitter`).
+* the response cache's stream recorder (`continuum_ingress.cache.protocol.sse.StreamRecorder`).
 
 Streams are generated from a model (records or events with their fields) and written with a
 random line end per line (CR, LF or CRLF; the SSE specification allows mixing them), then cut
 into random chunks. Properties: every chunking gives what the unchunked stream gives, which is
-what the model says; over-long lines / records / streams hit the documented limit with the
+what the model says; over-long streams hit the documented limit with the
 documented error; random bytes raise nothing but that error.
 """
 
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -33,7 +32,6 @@ from continuum_common.kvindex.sse import (
     record_type,
 )
 from continuum_ingress.cache.protocol.sse import SseDialect, StreamRecorder
-from continuum_ingress.gemini.protocol.sse import EventTooLarge, SseSplitter, event_data
 from tests.fuzz.strategies import chunkings, dump_json, fuzz_settings, hostile_values, line_ends
 
 PREFIX = hashlib.sha256(b"p").hexdigest()
@@ -120,36 +118,6 @@ def test_kv_sse_parser_any_chunking_any_line_ends(records: list[list[Field]], da
         stream = data.draw(written(record_lines(records)), label="stream")
         chunks = data.draw(chunkings(stream), label="chunks")
     assert feed_all(SseParser().feed, chunks) == expected_records(records)
-
-
-@fuzz_settings(1.0)
-@given(
-    records=st.lists(
-        st.lists(
-            st.builds(Field, st.sampled_from(["data", "data", ":", "id"]), st.text("ab", max_size=80)), max_size=4
-        ),
-        min_size=1,
-        max_size=4,
-    ),
-    data=st.data(),
-)
-def test_kv_sse_parser_limits(records: list[list[Field]], data: st.DataObject) -> None:
-    limit = 64
-    stream = data.draw(written(record_lines(records)), label="stream")
-    too_long = False
-    for record in records:
-        size = 0
-        for field in record:
-            too_long |= len(field.line()) > limit
-            size += len(field.value) + 1 if field.name == "data" else 0
-            too_long |= size > limit
-    parser = SseParser(max_buffer=limit)
-    chunks = data.draw(chunkings(stream), label="chunks")
-    if too_long:
-        with pytest.raises(SseLimitError):
-            feed_all(parser.feed, chunks)
-    else:
-        assert feed_all(parser.feed, chunks) == expected_records(records)
 
 
 @fuzz_settings(1.0)
@@ -297,62 +265,3 @@ def test_stream_recorder_random_bytes(dialect: SseDialect, stream: bytes, data: 
     assert (got is None) == (expected is None)
     if got is not None and expected is not None:
         assert got.events == expected.events
-
-
-# -- Gemini stream splitter ---------------------------------------------------------------------
-
-gemini_payloads = st.lists(st.fixed_dictionaries({"text": values, "n": st.integers(0, 99)}), max_size=5)
-
-
-def gemini_lines(payloads: list[dict[str, Any]]) -> list[list[bytes]]:
-    return [[b"data: " + orjson.dumps(p), b""] for p in payloads]
-
-
-@fuzz_settings(2.0)
-@given(payloads=gemini_payloads, data=st.data())
-@example(payloads=[{"text": "a", "n": 1}, {"text": "b", "n": 2}], data=None).via("an LF line, then a CRLF blank line")
-def test_gemini_splitter_any_chunking_any_line_ends(payloads: list[dict[str, Any]], data: st.DataObject | None) -> None:
-    if data is None:
-        stream = b"".join(b"data: " + orjson.dumps(p) + b"\n\r\n" for p in payloads)
-        chunks = [stream]
-    else:
-        stream = b"".join(data.draw(written(lines), label="event") for lines in gemini_lines(payloads))
-        chunks = data.draw(chunkings(stream), label="chunks")
-    splitter = SseSplitter()
-    events = feed_all(splitter.feed, chunks)
-    rest = splitter.rest()
-    if rest.strip(b"\r\n"):
-        events.append(rest)
-    found = [orjson.loads(d) for d in (event_data(e) for e in events) if d is not None]
-    assert found == payloads
-
-
-@fuzz_settings(1.0)
-@given(
-    stream=st.binary(max_size=600) | st.lists(st.sampled_from([b"\r", b"\n", b"data: x", b"{}"])).map(b"".join),
-    data=st.data(),
-)
-def test_gemini_splitter_random_bytes_and_the_event_limit(stream: bytes, data: st.DataObject) -> None:
-    """The limit bounds an event still waiting for its end: a stream whose unfinished tail is
-    over it fails; one whose every event (with up to 3 bytes of its separator) fits never does,
-    whatever the chunking, and gives the same events."""
-    limit = 48
-
-    def run(chunks: list[bytes]) -> tuple[list[bytes], bytes] | None:
-        splitter = SseSplitter(limit)
-        try:
-            events = feed_all(splitter.feed, chunks)
-        except EventTooLarge:
-            return None
-        return events, splitter.rest()
-
-    whole = run([stream])
-    if whole is None:
-        return
-    events, rest = whole
-    assert len(rest) <= limit
-    for event in events:
-        event_data(event)
-    chunked = run(data.draw(chunkings(stream), label="chunks"))
-    if max((len(e) + 3 for e in events), default=0) <= limit:
-        assert chunked == whole

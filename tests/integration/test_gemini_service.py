@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from continuum_common.gemini_protocol import EnsureOutcome, LookupResult
 from continuum_common.procs import NatsServer, RedisServer
+from continuum_common.wire.gemini import EnsureOutcome, LookupResult
 from continuum_gemini_cache.app import GeminiCacheApp
 from continuum_testing.fake_gemini import FakeGemini, Op
 from continuum_testing.gemini_cache import (
@@ -252,7 +252,7 @@ async def test_stale_reference_is_dropped_and_recreated(
 async def test_admin_stats_usage_and_clear(
     make_app: AppFactory, bus: GeminiBusClient, fake: FakeGemini, state: str
 ) -> None:
-    from continuum_common.gemini_protocol import RequestOutcome, UsageAccumulator
+    from continuum_common.wire.gemini import RequestOutcome, UsageAccumulator
 
     async with make_app(state, max_entries=50) as app:
         a = await bus.ensure(system_prompt(7))

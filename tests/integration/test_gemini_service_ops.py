@@ -16,8 +16,8 @@ import pytest_asyncio
 import yaml
 
 from continuum_common.config.router import RouterConfig
-from continuum_common.gemini_protocol import SUBJECT_ENSURE, SUBJECT_LOOKUP, EnsureOutcome, LookupResult
 from continuum_common.procs import NatsServer, RedisServer
+from continuum_common.wire.gemini import SUBJECT_ENSURE, SUBJECT_LOOKUP, EnsureOutcome, LookupResult
 from continuum_gemini_cache.app import GeminiCacheApp
 from continuum_gemini_cache.errors import DisabledError
 from continuum_testing.fake_gemini import FakeGemini, Op

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from continuum_common.gemini_protocol import LookupReply, LookupResult, digest_hex
 from continuum_common.hashing import gemini_digest
+from continuum_common.wire.gemini import LookupReply, LookupResult, digest_hex
 from continuum_ingress.gemini.errors import ConversionError
 from continuum_ingress.gemini.memo import LookupMemo
 from continuum_ingress.gemini.policy import Candidate, Ineligible, cache_candidate
@@ -26,7 +26,6 @@ from continuum_ingress.gemini.protocol.response import (
     to_chat_completion,
 )
 from continuum_ingress.gemini.protocol.responses import ResponsesStreamConverter, responses_to_chat, to_response
-from continuum_ingress.gemini.protocol.sse import EventTooLarge, SseSplitter, event_data
 from continuum_ingress.gemini.protocol.stream import ChatStreamConverter
 from continuum_testing.fake_gemini_bodies import Reply, Usage, sse, stream_chunks
 
@@ -404,17 +403,6 @@ def test_stream_tool_calls_and_errors() -> None:
     assert converter.feed(b"data: {}\r\n\r\n") == b"" and converter.finish() == b""  # nothing after an error
     garbled = ChatStreamConverter(model=MODEL, created=1, fallback_id="fb", include_usage=False)
     assert b'"error"' in garbled.feed(b"data: {not json\n\n")
-
-
-def test_sse_splitter() -> None:
-    splitter = SseSplitter()
-    assert splitter.feed(b"data: 1\r\n\r\ndata: 2\n\ndata: 3\r") == [b"data: 1", b"data: 2"]
-    assert splitter.feed(b"\n\r\n") == [b"data: 3"]
-    assert splitter.feed(b"event: x\ndata: a\ndata: b") == []
-    assert event_data(splitter.rest()) == b"a\nb"
-    small = SseSplitter(limit=8)
-    with pytest.raises(EventTooLarge):
-        small.feed(b"data: 0123456789")
 
 
 # --------------------------------------------------------------------------- compat and policy

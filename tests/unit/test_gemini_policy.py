@@ -9,7 +9,7 @@ import pytest
 from continuum_common.config.router import RouterConfig
 from continuum_common.errors import SecretError
 from continuum_common.gemini_api import parse_error
-from continuum_common.gemini_protocol import EnsureRequest
+from continuum_common.wire.gemini import EnsureRequest
 from continuum_gemini_cache.config import resolve
 from continuum_gemini_cache.errors import DisabledError
 from continuum_gemini_cache.model import Entry

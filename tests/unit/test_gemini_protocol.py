@@ -18,7 +18,8 @@ from continuum_common.gemini_api import (
     parse_timestamp,
     parse_ttl,
 )
-from continuum_common.gemini_protocol import (
+from continuum_common.hashing.gemini import gemini_digest, gemini_digest_from_text
+from continuum_common.wire.gemini import (
     ClearReply,
     DropReply,
     DropRequest,
@@ -36,7 +37,6 @@ from continuum_common.gemini_protocol import (
     entry_id,
     not_enabled_reply,
 )
-from continuum_common.hashing.gemini import gemini_digest, gemini_digest_from_text
 
 DIGEST = "ab" * 32
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from continuum_common.backoff import Backoff
 from continuum_common.config.loader import parse
 from continuum_common.config.router import RouterConfig
 from continuum_common.events import EventType, KvEvent
@@ -12,7 +13,6 @@ from continuum_common.wire import indexer_admin as admin
 from continuum_common.wire.indexer_admin import SourceStats
 from continuum_indexer.config import IndexerSettings, parse_listen
 from continuum_indexer.errors import DroppedEvent
-from continuum_indexer.policy.backoff import Backoff
 from continuum_indexer.protocol.bus_messages import decode_bus_message
 
 

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, Self
 
 import uvicorn
 
@@ -66,61 +66,87 @@ def _listen_error(host: str, port: int, exc: OSError) -> ListenError:
 
 
 class _Server(uvicorn.Server):
-    # The owning process handles SIGINT/SIGTERM itself; uvicorn must not take them over.
+    # The owning process handles SIGINT/SIGTERM itself (`serve` and `up` install their own
+    # handlers; tests install none); uvicorn must not take them over.
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
 
 class EmbeddedServer:
-    """`await start()` returns once the socket accepts connections; `await stop()` closes it."""
+    """An ASGI app served by uvicorn in the caller's event loop, on a socket bound (and
+    listening) at construction, so a port in use is one ListenError before anything starts and
+    `port` is known at once (port 0 picks a free one). `sock`: a socket the caller bound already
+    (`bind_tcp`).
+
+    `await start()` / `async with` return once it accepts connections; `await stop()` (or the
+    end of the `async with`) drains it, bounded by `timeout_graceful_shutdown`. `http` is
+    uvicorn's protocol setting: a name, or a protocol class (the router passes its edge
+    protocol, continuum_ingress.edge). `lifespan="on"` runs the app's start-up and shut-down."""
 
     def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, backlog: int = 2048, timeout_keep_alive: int = 5
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        sock: socket.socket | None = None,
+        backlog: int = 2048,
+        timeout_keep_alive: int = 5,
+        timeout_graceful_shutdown: int = 2,
+        http: str | type[asyncio.Protocol] = "auto",
+        lifespan: Literal["auto", "on", "off"] = "off",
+        log_level: str = "warning",
+        server_header: bool = True,
     ) -> None:
-        self._app = app
         self.host = host.strip("[]")
-        self._sock = bind_tcp(self.host, port)
+        self._sock = sock if sock is not None else bind_tcp(self.host, port, backlog=backlog)
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
             app,
-            log_level="warning",
+            loop="none",  # the caller's loop
+            http=http,
+            lifespan=lifespan,
+            log_level=log_level,
+            log_config=None,
             access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=2,
+            server_header=server_header,
+            timeout_graceful_shutdown=timeout_graceful_shutdown,
             backlog=backlog,
             timeout_keep_alive=timeout_keep_alive,
         )
-        self._server = _Server(config)
+        self.server = _Server(config)
+        # Past the graceful drain, stop() cancels what is left.
+        self._stop_timeout = timeout_graceful_shutdown + 3
         self._task: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
         """Where a local client reaches the server (a wildcard bind is reached on loopback)."""
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
 
     @property
     def started(self) -> bool:
-        return self._server.started
+        return self.server.started
 
     async def serve(self) -> None:
         """Serve until `request_stop()`, in the caller's task: for a composition root that owns
         its tasks in a TaskGroup (`start()`/`stop()` manage a task of their own instead)."""
         try:
-            await self._server.serve(sockets=[self._sock])
+            await self.server.serve(sockets=[self._sock])
         finally:
             self._sock.close()
 
     def request_stop(self) -> None:
-        self._server.should_exit = True
+        self.server.should_exit = True
 
     async def start(self) -> None:
         if self._task is not None:
             return
         self._task = asyncio.create_task(self.serve(), name=f"http:{self.port}")
-        while not self._server.started:
+        while not self.server.started:
             if self._task.done():
                 self._task.result()  # raises the start-up error
                 raise RuntimeError("HTTP server stopped during start-up")
@@ -131,11 +157,23 @@ class EmbeddedServer:
         if task is None:
             self._sock.close()
             return
-        self._server.should_exit = True
+        self.server.should_exit = True
         try:
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, self._stop_timeout)
         except TimeoutError:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._sock.close()
+
+    async def wait(self) -> None:
+        """Until the server stops (a stop request, or its task failing)."""
+        if self._task is not None:
+            await self._task
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

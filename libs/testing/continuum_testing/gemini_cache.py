@@ -1,6 +1,6 @@
 """Test and benchmark helpers around the gemini-cache service: a controllable clock (the service
 and FakeGemini both take a `clock`), a router config whose `type: gemini` backends point at the
-fake, and a small bus client that speaks continuum_common.gemini_protocol as the ingress does."""
+fake, and a small bus client that speaks continuum_common.wire.gemini as the ingress does."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from continuum_common.config.router import RouterConfig
-from continuum_common.gemini_protocol import (
+from continuum_common.wire.gemini import (
     ADMIN_TIMEOUT_S,
     ENSURE_REPLY_MARGIN_S,
     SUBJECT_ADMIN_CLEAR,

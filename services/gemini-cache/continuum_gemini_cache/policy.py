@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from continuum_common.gemini_api import GoogleError
-from continuum_common.gemini_protocol import EnsureRequest
+from continuum_common.wire.gemini import EnsureRequest
 from continuum_gemini_cache.config import Settings
 from continuum_gemini_cache.model import Entry
 

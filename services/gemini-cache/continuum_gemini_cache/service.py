@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from continuum_common.gemini_protocol import (
+from continuum_common.logs import short_hash
+from continuum_common.wire.gemini import (
     ClearReply,
     DropReply,
     DropRequest,
@@ -26,7 +27,6 @@ from continuum_common.gemini_protocol import (
     UsageReport,
     entry_id,
 )
-from continuum_common.logs import short_hash
 from continuum_gemini_cache.adapters.google_api import GoogleCacheApi
 from continuum_gemini_cache.config import Settings
 from continuum_gemini_cache.errors import StateError

@@ -19,8 +19,10 @@ Seams for other components are constructor arguments: `response_cache` (Tier 2/3
 backend-type upstream dialects), `components` (start / reload / aclose with the app),
 `extra_admin_routes` (mounted under /admin, behind the admin token) and `transport` (the
 upstream HTTP transport of every backend, transport.py; default the HTTP/1.1 pool of
-adapters/h1.py). The Gemini dialect and context-cache client (docs/gemini-ingress.md) are built here from the configuration
-(`gemini.wiring.build_gemini`); `nats_url` overrides `bus.url` for them too (`up`'s embedded NATS).
+adapters/h1.py). The Gemini dialect and context-cache client (docs/gemini-ingress.md) are built
+here from the configuration (`gemini.wiring.build_gemini`). Whatever talks on NATS (KV routing,
+load reports, the Gemini client) shares the process's one connection (adapters/nats_link.py);
+`nats_url` overrides `bus.url` (`up`'s embedded NATS).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from continuum_common.config import RouterConfig, load_router_config
 from continuum_common.config.secrets import read_secret
 from continuum_common.tracing import Tracing
 from continuum_ingress.adapters.health import HealthChecker
+from continuum_ingress.adapters.nats_link import NatsLink
 from continuum_ingress.adapters.shared_redis import SharedRedis
 from continuum_ingress.adapters.upstream import ClientSet
 from continuum_ingress.adapters.worker_metrics import WorkerMetrics
@@ -102,8 +105,12 @@ class IngressApp:
         self.metrics = IngressMetrics(self.pool)
         # Raises ConfigError (with every problem) on a bad file.
         initial = config if isinstance(config, RouterConfig) else load_router_config(config)
+        # The process's one NATS connection (KV routing, load reports between replicas, the
+        # Gemini context cache's client); started only when one of them uses it. `nats_url`
+        # overrides bus.url (`up`'s embedded server).
+        self.nats = NatsLink(initial.bus, url=nats_url)
         # Gemini: its dialect, the context cache rewriter/component, admin routes.
-        self.gemini = build_gemini(initial, self.metrics.registry, nats_url=nats_url)
+        self.gemini = build_gemini(initial, self.metrics.registry, link=self.nats)
         self.dialects = dict(dialects or {**default_dialects(), "gemini": self.gemini.dialect})
         factory = SnapshotFactory(self.pool, self.clients, self.dialects, rng)
         # Raises ConfigError on an unreadable secret.
@@ -129,14 +136,14 @@ class IngressApp:
             extra_admin_routes = (*cache.admin_routes(), *extra_admin_routes)
         self.response_cache = response_cache
         # Tier 4 (kv/): the KV scorer, its index and admin routes, when kv_cache_index.enabled
-        # and no scorer was given. `nats_url` overrides bus.url (`up`'s embedded server).
+        # and no scorer was given.
         self.kv = (
             None
             if scorer is not None
             else build_kv_routing(
                 self.holder.current.config,
                 self.metrics.registry,
-                nats_url=nats_url,
+                link=self.nats,
                 redis=self.redis,
                 embedded_index=embedded_index,
             )
@@ -145,12 +152,18 @@ class IngressApp:
             scorer = self.kv.scorer
             builtin_components.append(self.kv)
             extra_admin_routes = (*extra_admin_routes, *kv_admin_routes(self.kv))
-        # After KV routing: closed before it, so the final load report still has its NATS link.
         self.load_share = build_load_share(
-            self.holder.current.config, self.pool, self.metrics.registry, kv=self.kv, seat=worker, nats_url=nats_url
+            self.holder.current.config, self.pool, self.metrics.registry, kv=self.kv, seat=worker, link=self.nats
         )
         if self.load_share is not None:
             builtin_components.append(self.load_share)
+        uses_nats = (
+            self.kv is not None
+            or self.gemini.cache is not None
+            or (self.load_share is not None and any(t.name == "nats" for t in self.load_share.transports))
+        )
+        if uses_nats:  # first: started before its users, closed after them
+            builtin_components.insert(0, self.nats)
         self.worker_metrics = None if worker is None else WorkerMetrics(worker, self.metrics.registry)
         if self.worker_metrics is not None:
             builtin_components.append(self.worker_metrics)

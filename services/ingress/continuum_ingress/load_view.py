@@ -3,7 +3,7 @@
 Whenever this process has peers - sibling workers of one `serve`, or other replicas over NATS -
 the app owns one `LoadShare` (load_share.py) over the transports that reach them
 (policy/shared_load.py `choose_transports`): Unix datagram sockets between workers, and core
-NATS between replicas, on the KV routing component's connection when there is one. With KV
+NATS between replicas, on the process's one NATS connection (adapters/nats_link.py). With KV
 routing, each worker is a replica on NATS too (its own id, the one its routing decisions
 carry); its siblings' reports then also arrive locally, which keeps the workers' view of each
 other while NATS is down.
@@ -15,20 +15,18 @@ import os
 import secrets
 import socket
 
-from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 
 from continuum_common.config import RouterConfig
 from continuum_common.wire.decisions import replica_id
 from continuum_ingress.adapters.load_local import LocalLoadTransport
 from continuum_ingress.adapters.load_nats import NatsLoadTransport
+from continuum_ingress.adapters.nats_link import NatsLink
 from continuum_ingress.kv import KvRouting
 from continuum_ingress.load_share import LoadShare, LoadTransport
 from continuum_ingress.policy.shared_load import choose_transports
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.workers import WorkerSeat
-
-NATS_CLIENT_NAME = "continuum-ingress-load"
 
 
 def build_load_share(
@@ -38,9 +36,10 @@ def build_load_share(
     *,
     kv: KvRouting | None,
     seat: WorkerSeat | None,
-    nats_url: str | None = None,
+    link: NatsLink | None = None,
 ) -> LoadShare | None:
-    """The load view for this process, or None when it has no peers (or sharing is off)."""
+    """The load view for this process, or None when it has no peers (or sharing is off).
+    `link`: the process's NATS connection, required when replicas are reached over NATS."""
     settings = config.shared_load()
     chosen = choose_transports(settings, workers=seat.count if seat is not None else 1, kv_routing=kv is not None)
     if not chosen.any:
@@ -50,7 +49,8 @@ def build_load_share(
     if chosen.local and seat is not None:
         transports.append(LocalLoadTransport.for_seat(seat))
     if chosen.bus:
-        transports.append(_nats_transport(config, replica, kv, nats_url))
+        assert link is not None  # the app makes one whenever a NATS transport can be chosen
+        transports.append(NatsLoadTransport(link.nc, replica, connect=link.connected.wait))
     share = LoadShare(
         replica,
         pool,
@@ -62,18 +62,3 @@ def build_load_share(
     if kv is not None:
         kv.load_share = share  # the other replicas' shared decisions count at once
     return share
-
-
-def _nats_transport(
-    config: RouterConfig, replica: str, kv: KvRouting | None, nats_url: str | None
-) -> NatsLoadTransport:
-    if kv is not None:
-        return NatsLoadTransport(kv.nc, replica, connect=kv.connected.wait)
-    from continuum_ingress.kv.adapters.bus import connect_client
-
-    nc = NatsClient()
-
-    async def connect() -> None:
-        await connect_client(nc, config.bus, url=nats_url, name=NATS_CLIENT_NAME)
-
-    return NatsLoadTransport(nc, replica, connect=connect, owns_connection=True)

@@ -1,5 +1,5 @@
-"""The seed-compatible SSE transport of KV events, pure parts: an incremental SSE parser with
-the seed's 1 MiB limits, and the mapping of one SSE record to a normalized KvEvent.
+"""The seed-compatible SSE transport of KV events, pure parts: the KV view of the shared SSE
+splitter with the seed's 1 MiB limit, and the mapping of one SSE record to a normalized KvEvent.
 
 Wire shape (the listener's `GET /events/{backend}`; push-mode bytes are identical):
 
@@ -12,8 +12,9 @@ Wire shape (the listener's `GET /events/{backend}`; push-mode bytes are identica
 * Ordering stamp: the JSON's `source_epoch` + `seq` when present (the listener's normalized
   event), else an `id:` of the form `<epoch>:<seq>` or `<backend>:<epoch>:<seq>`, else the
   consumer's arrival stamp (docs/kv-index.md explains what that means for replicas).
-* Line buffer and accumulated `data:` are each capped at 1 MiB; exceeding either raises
-  SseLimitError and the consumer disconnects, backs off and resumes from the last event id.
+* A record still waiting for its blank line (its lines, so the line buffer and the accumulated
+  `data:`) is capped at 1 MiB; exceeding it raises SseLimitError and the consumer disconnects,
+  backs off and resumes from the last event id.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ import orjson
 
 from continuum_common.errors import ContinuumError
 from continuum_common.events import EventType, KvEvent, Tier
+from continuum_common.sse import SseLimitError, SseSplitter
 
-MAX_SSE_BUFFER_SIZE = 1 << 20  # the seed's MAX_SSE_BUFFER_SIZE, for the line and for data
+__all__ = ["MAX_SSE_BUFFER_SIZE", "SseError", "SseEventError", "SseLimitError", "SseParser", "SseRecord"]
+
+MAX_SSE_BUFFER_SIZE = 1 << 20  # the seed's MAX_SSE_BUFFER_SIZE: bounds the line and the data
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _STAMP_ID = re.compile(r"(?:[A-Za-z0-9_-]{1,64}:)?(\d{1,20}):(\d{1,20})")
 _TYPES = {t.value: t for t in EventType} | {"all_blocks_cleared": EventType.CLEARED}
@@ -47,11 +51,8 @@ CLOSING_EVENTS = frozenset({"draining", "buffer_overflow"})
 
 
 class SseError(ContinuumError):
-    """Base of the SSE transport's errors."""
-
-
-class SseLimitError(SseError):
-    """A line or a record's data exceeded MAX_SSE_BUFFER_SIZE: the stream must be dropped."""
+    """Base of the SSE transport's errors (SseLimitError, from continuum_common.sse, is the
+    other one a consumer meets)."""
 
 
 class SseEventError(SseError, ValueError):
@@ -70,78 +71,22 @@ class SseRecord:
 
 
 class SseParser:
-    """Incremental parser of an SSE byte stream (WHATWG rules: CR, LF or CRLF line ends,
-    `field: value`, comments, `data` lines joined with LF, `id` persisting across records)."""
+    """The KV transport's view of continuum_common.sse: only records with data, and the seed's
+    1 MiB bound on a pending record."""
 
     def __init__(self, max_buffer: int = MAX_SSE_BUFFER_SIZE) -> None:
-        self.max_buffer = max_buffer
-        self.last_event_id: str | None = None
-        self._line = bytearray()
-        self._skip_lf = False
-        self._event: str | None = None
-        self._data: list[str] = []
-        self._data_size = 0
+        self._splitter = SseSplitter(max_buffer)
+
+    @property
+    def last_event_id(self) -> str | None:
+        return self._splitter.last_event_id
+
+    @last_event_id.setter
+    def last_event_id(self, value: str | None) -> None:  # resuming: records before the first id carry it
+        self._splitter.last_event_id = value
 
     def feed(self, chunk: bytes) -> list[SseRecord]:
-        records: list[SseRecord] = []
-        if not chunk:  # an empty read must not forget that a CR may still get its LF
-            return records
-        start = 0
-        if self._skip_lf and chunk[:1] == b"\n":
-            start = 1
-        self._skip_lf = False
-        size = len(chunk)
-        while start < size:
-            cr = chunk.find(b"\r", start)
-            lf = chunk.find(b"\n", start)
-            ends = [p for p in (cr, lf) if p >= 0]
-            if not ends:
-                self._line += chunk[start:]
-                if len(self._line) > self.max_buffer:
-                    raise SseLimitError(f"SSE line longer than {self.max_buffer} bytes")
-                break
-            end = min(ends)
-            self._line += chunk[start:end]
-            if len(self._line) > self.max_buffer:
-                raise SseLimitError(f"SSE line longer than {self.max_buffer} bytes")
-            record = self._line_done(bytes(self._line))
-            self._line.clear()
-            if record is not None:
-                records.append(record)
-            start = end + 1
-            if chunk[end : end + 1] == b"\r":
-                if start < size and chunk[start : start + 1] == b"\n":
-                    start += 1
-                elif start == size:
-                    self._skip_lf = True
-        return records
-
-    def _line_done(self, raw: bytes) -> SseRecord | None:
-        if not raw:
-            return self._dispatch()
-        line = raw.decode("utf-8", errors="replace")
-        if line.startswith(":"):
-            return None
-        name, sep, value = line.partition(":")
-        if sep and value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            self._data_size += len(value) + 1
-            if self._data_size > self.max_buffer:
-                raise SseLimitError(f"SSE data larger than {self.max_buffer} bytes without a record end")
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id" and "\x00" not in value:
-            self.last_event_id = value
-        return None  # `retry` and unknown fields are ignored
-
-    def _dispatch(self) -> SseRecord | None:
-        event, data = self._event, self._data
-        self._event, self._data, self._data_size = None, [], 0
-        if not data:
-            return None
-        return SseRecord(event=event or None, data="\n".join(data), id=self.last_event_id)
+        return [SseRecord(e.event or None, e.data, e.id) for e in self._splitter.feed(chunk) if e.data is not None]
 
 
 def record_type(record: SseRecord, body: dict[str, Any] | None) -> str:

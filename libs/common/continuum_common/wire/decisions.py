@@ -22,6 +22,7 @@ from typing import Annotated, Final
 import msgspec
 
 from continuum_common.errors import ContinuumError
+from continuum_common.wire.codec import StructCodec
 
 SUBJECT_PREFIX: Final = "continuum.kv.decisions."
 SUBJECT_WILDCARD: Final = "continuum.kv.decisions.*"
@@ -58,16 +59,6 @@ class Decision(msgspec.Struct, array_like=True, frozen=True):
     new_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Decision)
-
-
-def encode_decision(decision: Decision) -> bytes:
-    return _encoder.encode(decision)
-
-
-def decode_decision(payload: bytes) -> Decision:
-    try:
-        return _decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise DecisionDecodeError(f"undecodable decision: {exc}") from None
+_codec = StructCodec(Decision, DecisionDecodeError, "decision")
+encode_decision = _codec.encode
+decode_decision = _codec.decode

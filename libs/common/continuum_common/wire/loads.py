@@ -20,6 +20,7 @@ from typing import Annotated, Final
 import msgspec
 
 from continuum_common.errors import ContinuumError
+from continuum_common.wire.codec import StructCodec
 
 SUBJECT_PREFIX: Final = "continuum.ingress.load."
 SUBJECT_WILDCARD: Final = "continuum.ingress.load.*"
@@ -50,16 +51,6 @@ class LoadReport(msgspec.Struct, array_like=True, frozen=True):
     final: bool = False
 
 
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(LoadReport)
-
-
-def encode_load_report(report: LoadReport) -> bytes:
-    return _encoder.encode(report)
-
-
-def decode_load_report(payload: bytes) -> LoadReport:
-    try:
-        return _decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise LoadReportDecodeError(f"undecodable load report: {exc}") from None
+_codec = StructCodec(LoadReport, LoadReportDecodeError, "load report")
+encode_load_report = _codec.encode
+decode_load_report = _codec.decode

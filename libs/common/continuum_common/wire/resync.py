@@ -20,6 +20,7 @@ from typing import Annotated, Final
 import msgspec
 
 from continuum_common.errors import ContinuumError
+from continuum_common.wire.codec import StructCodec
 
 SUBJECT_PREFIX: Final = "continuum.kv.resync."
 SUBJECT_WILDCARD: Final = "continuum.kv.resync.*"
@@ -41,19 +42,9 @@ class ResyncRequest(msgspec.Struct, array_like=True, frozen=True):
     requester: Annotated[str, msgspec.Meta(max_length=256)] = ""
 
 
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(ResyncRequest)
-
-
-def encode_resync_request(request: ResyncRequest) -> bytes:
-    return _encoder.encode(request)
-
-
-def decode_resync_request(payload: bytes) -> ResyncRequest:
-    try:
-        return _decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ResyncRequestDecodeError(f"undecodable resync request: {exc}") from None
+_codec = StructCodec(ResyncRequest, ResyncRequestDecodeError, "resync request")
+encode_resync_request = _codec.encode
+decode_resync_request = _codec.decode
 
 
 class ResyncThrottle:

@@ -1,4 +1,4 @@
-"""NATS side of the service: the subjects of continuum_common.gemini_protocol, each in the queue
+"""NATS side of the service: the subjects of continuum_common.wire.gemini, each in the queue
 group `continuum-gemini-cache` so replicas share the work. Malformed messages are counted and
 dropped (with a harmless reply when the sender waits for one); work beyond the concurrency bound
 is answered at once (a lookup as a miss) and counted."""
@@ -17,7 +17,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from continuum_common.gemini_protocol import (
+from continuum_common.wire.gemini import (
     QUEUE_GROUP,
     SUBJECT_ADMIN_CLEAR,
     SUBJECT_ADMIN_STATS,

@@ -18,12 +18,13 @@ tag `{gem}`, so they live in one Redis Cluster slot and each operation is one at
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from redis.exceptions import RedisError
 
 from continuum_common.redis_client import RedisClient
+from continuum_common.wire.gemini import GeminiRecordError
 from continuum_gemini_cache.errors import StateError
 from continuum_gemini_cache.model import Counts, Entry, Found, LookupState, NegativeEntry, Removal, Removed
 
@@ -176,9 +177,9 @@ def _removed(flat: Sequence[Any]) -> list[Removed]:
     for i in range(0, len(flat) - 2, 3):
         reason, member, data = Removal(_s(flat[i])), _s(flat[i + 1]), flat[i + 2]
         if member.startswith("e:"):
-            out.append(Removed(reason, entry=Entry.from_json(data)))
+            out.append(Removed(reason, entry=_read(Entry.from_json, data)))
         else:
-            out.append(Removed(reason, negative=NegativeEntry.from_json(data)))
+            out.append(Removed(reason, negative=_read(NegativeEntry.from_json, data)))
     return out
 
 
@@ -214,10 +215,10 @@ class RedisStore:
         reply = await self._call(self._lookup, keys, [rid, repr(now), "1" if touch else "0"])
         kind = _s(reply[0])
         if kind == "hit":
-            return LookupState(Found.HIT, entry=Entry.from_json(reply[1], last_use=float(_s(reply[2]))))
+            return LookupState(Found.HIT, entry=_read(Entry.from_json, reply[1], last_use=float(_s(reply[2]))))
         if kind == "negative":
-            return LookupState(Found.NEGATIVE, negative=NegativeEntry.from_json(reply[1]))
-        expired = Entry.from_json(reply[1]) if reply[1] else None
+            return LookupState(Found.NEGATIVE, negative=_read(NegativeEntry.from_json, reply[1]))
+        expired = _read(Entry.from_json, reply[1]) if reply[1] else None
         return LookupState(Found.MISS, in_flight=bool(int(reply[2])), expired=expired)
 
     async def _put_record(
@@ -242,11 +243,11 @@ class RedisStore:
 
     async def drop(self, backend: str, digest: str, name: str) -> Entry | None:
         reply = await self._call(self._drop, self._keys, [f"{backend}:{digest}", name])
-        return Entry.from_json(reply) if reply else None
+        return _read(Entry.from_json, reply) if reply else None
 
     async def clear(self) -> tuple[list[Entry], int]:
         reply = await self._call(self._clear, self._keys, [])
-        return [Entry.from_json(v) for v in reply[1:]], int(_s(reply[0]))
+        return [_read(Entry.from_json, v) for v in reply[1:]], int(_s(reply[0]))
 
     async def acquire_create_lock(self, backend: str, digest: str, token: str, ttl_ms: int) -> bool:
         rid = f"{backend}:{digest}"
@@ -303,3 +304,15 @@ class RedisStore:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _read(parse: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    """A stored record, or StateError: the store holds a record this version cannot read."""
+    try:
+        return parse(*args, **kwargs)
+    except GeminiRecordError as exc:
+        raise StateError(str(exc)) from None

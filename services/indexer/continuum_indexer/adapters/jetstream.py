@@ -31,6 +31,7 @@ from nats.js.errors import APIError, BadRequestError, FetchTimeoutError
 from opentelemetry import trace
 from prometheus_client import Gauge
 
+from continuum_common.backoff import Backoff
 from continuum_common.events import STREAM_NAME, SUBJECT_WILDCARD, KvEvent
 from continuum_common.kvindex import KvIndexError
 from continuum_common.kvindex.block_pack import batch_blocks, split_by_size
@@ -42,7 +43,6 @@ from continuum_indexer.config import ConsumerSettings
 from continuum_indexer.errors import DroppedEvent
 from continuum_indexer.feed import EventSink
 from continuum_indexer.metrics import EVENT_BUS_SOURCE
-from continuum_indexer.policy.backoff import Backoff
 from continuum_indexer.protocol.bus_messages import decode_bus_message
 
 log = logging.getLogger("continuum.indexer.jetstream")

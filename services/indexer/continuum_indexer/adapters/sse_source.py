@@ -10,8 +10,8 @@ through continuum_common.kvindex.sse.SseParser, so both schemes behave the same:
   deliberately dropped), so an index outage never skips events: while the index is down the
   source retries the same batch and stops reading, and the listener's bounded history covers
   the gap on reconnect;
-* a line or a record's `data:` over 1 MiB drops the connection (SseLimitError), then back off
-  and resume.
+* a record over 1 MiB before its blank line drops the connection (SseLimitError), then back
+  off and resume.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from continuum_common.backoff import Backoff
 from continuum_common.config.router import EventSource
 from continuum_common.events import KvEvent
 from continuum_common.kvindex import KvIndexError
@@ -43,7 +44,6 @@ from continuum_common.kvindex.sse import (
 from continuum_common.wire.indexer_admin import SourceStats
 from continuum_indexer.errors import IndexerError
 from continuum_indexer.feed import EventSink
-from continuum_indexer.policy.backoff import Backoff
 
 log = logging.getLogger("continuum.indexer.sse")
 _MAX_WS_MESSAGE = 2 << 20

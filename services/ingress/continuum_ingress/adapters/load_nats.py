@@ -2,9 +2,8 @@
 replica publishes on `continuum.ingress.load.<replica>` and subscribes to
 `continuum.ingress.load.*`, skipping its own subject without decoding it.
 
-The connection is the KV routing component's when there is one (made in the background; this
-transport waits for it: `KvRouting.connected`), else one of its own to `bus.url`
-(`load_sharing.bus: always`).
+The connection is the ingress process's one NATS connection (adapters/nats_link.py, made in
+the background; this transport waits for it).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from continuum_common.gemini_protocol import not_enabled_reply
+from continuum_common.wire.gemini import not_enabled_reply
 from continuum_ingress.gemini.adapters.bus import ServiceUnavailable
 from continuum_ingress.gemini.context_cache import GeminiContextCache
 

@@ -35,7 +35,7 @@ import orjson
 from continuum_common.config import Backend, RouterConfig
 from continuum_common.config.router import GeminiContextCache as CacheConfig
 from continuum_common.gemini_api import is_stale_cache_reference
-from continuum_common.gemini_protocol import (
+from continuum_common.wire.gemini import (
     SUBJECT_DROP,
     SUBJECT_ENSURE,
     DropRequest,

@@ -7,7 +7,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from continuum_common.gemini_protocol import LookupReply
+from continuum_common.wire.gemini import LookupReply
 
 MemoKey = tuple[str, str]  # (backend, digest)
 DEFAULT_MAX_ENTRIES = 10_000

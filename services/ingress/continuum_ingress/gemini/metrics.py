@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from continuum_common.gemini_protocol import RequestOutcome
+from continuum_common.wire.gemini import RequestOutcome
 
 P = "continuum_ingress_gemini_context_cache_"
 LOOKUP_FAILURES = ("timeout", "no_responders", "not_connected", "bad_reply", "overloaded", "error")

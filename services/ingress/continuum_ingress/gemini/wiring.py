@@ -8,7 +8,7 @@
 | false   | true              | native conversion              | none                           |
 | true    | either            | native or compat + accounting  | the context cache (NATS)       |
 
-With the feature off nothing is allocated for it: no bus connection, task, memo or metric; the
+With the feature off nothing is allocated for it: no bus use, task, memo or metric; the
 admin endpoints answer that it is not enabled.
 """
 
@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import BaseRoute
 
 from continuum_common.config import RouterConfig
+from continuum_ingress.adapters.nats_link import NatsLink
 from continuum_ingress.gemini.adapters.bus import GeminiBus
 from continuum_ingress.gemini.admin import admin_routes
 from continuum_ingress.gemini.context_cache import GeminiContextCache
@@ -39,14 +40,15 @@ class GeminiParts:
     cache: GeminiContextCache | None
 
 
-def build_gemini(config: RouterConfig, registry: CollectorRegistry, *, nats_url: str | None = None) -> GeminiParts:
-    """`nats_url` overrides `bus.url` (continuum-router up passes its embedded nats-server)."""
+def build_gemini(config: RouterConfig, registry: CollectorRegistry, *, link: NatsLink | None) -> GeminiParts:
+    """`link`: the process's NATS connection (required when the context cache is enabled)."""
     section = config.gemini_context_cache
     if not section.enabled:
         dialect = GeminiDialect(native=section.prefer_native_api, usage=None)
         return GeminiParts(dialect, (), (), admin_routes(None), None)
     metrics = GeminiMetrics(registry)
-    bus = GeminiBus(config.bus, metrics, url=nats_url, lookup_timeout_s=section.lookup_timeout_ms / 1000)
+    assert link is not None  # the app makes one whenever the context cache is enabled
+    bus = GeminiBus(config.bus, metrics, link=link, lookup_timeout_s=section.lookup_timeout_ms / 1000)
     cache = GeminiContextCache(section, bus, metrics)
     dialect = GeminiDialect(native=section.prefer_native_api, usage=cache)
     return GeminiParts(dialect, (cache,), (cache,), admin_routes(cache), cache)

@@ -1,6 +1,6 @@
 """Tier 4 in the ingress: the KV overlap scorer, the index it reads, its admin routes.
 
-    kv = build_kv_routing(config, registry, nats_url=..., redis=shared_redis, embedded_index=factory)
+    kv = build_kv_routing(config, registry, link=nats_link, redis=shared_redis, embedded_index=factory)
     # None when disabled; `embedded_index` builds the index of `backend: memory` (kv/embedded.py)
     IngressApp(..., scorer=kv.scorer, components=[kv], extra_admin_routes=kv_admin_routes(kv))
 
@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
 from continuum_common.config import RouterConfig
+from continuum_ingress.adapters.nats_link import NatsLink
 from continuum_ingress.kv.admin import KvAdminEndpoints
 from continuum_ingress.kv.component import KvRouting
 from continuum_ingress.kv.embedded import EmbeddedIndex, EmbeddedIndexFactory
@@ -35,14 +36,14 @@ def build_kv_routing(
     config: RouterConfig,
     registry: CollectorRegistry,
     *,
-    nats_url: str | None = None,
+    link: NatsLink,
     redis: SharedClient | None = None,
     embedded_index: EmbeddedIndexFactory | None = None,
 ) -> KvRouting | None:
     """Tier 4 for this configuration, or None when `kv_cache_index.enabled` is false."""
     if not config.kv_cache_index.enabled:
         return None
-    return KvRouting(config, registry, nats_url=nats_url, redis=redis, embedded_index=embedded_index)
+    return KvRouting(config, registry, link=link, redis=redis, embedded_index=embedded_index)
 
 
 def kv_admin_routes(kv: KvRouting) -> list[Route]:

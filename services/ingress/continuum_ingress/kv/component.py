@@ -37,7 +37,6 @@ import os
 import secrets
 import socket
 
-from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 
 from continuum_common.config import RouterConfig
@@ -48,7 +47,8 @@ from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.kvindex.blocks import BlockIndexReader, MatchQuery
 from continuum_common.redis_client import RedisClient
 from continuum_common.wire.decisions import Decision, replica_id
-from continuum_ingress.kv.adapters.bus import BusReader, connect_client
+from continuum_ingress.adapters.nats_link import NatsLink
+from continuum_ingress.kv.adapters.bus import BusReader
 from continuum_ingress.kv.adapters.decisions import DecisionShare
 from continuum_ingress.kv.block_reads import BlockReads
 from continuum_ingress.kv.embedded import EmbeddedIndex, EmbeddedIndexFactory
@@ -62,7 +62,6 @@ from continuum_ingress.shared_client import SharedClient
 
 log = logging.getLogger("continuum.ingress.kv")
 
-NATS_CLIENT_NAME = "continuum-ingress"
 STOP_GRACE_S = 5.0
 GENERATION_WATCH_S = 1.0
 
@@ -73,11 +72,12 @@ class KvRouting:
         config: RouterConfig,
         registry: CollectorRegistry,
         *,
-        nats_url: str | None = None,
+        link: NatsLink,
         redis: SharedClient | None = None,
         embedded_index: EmbeddedIndexFactory | None = None,
         embedded_maintenance_s: float = 30.0,
     ) -> None:
+        """`link`: the process's NATS connection (its owner starts and closes it)."""
         section = config.kv_cache_index
         if section.backend == "memory" and embedded_index is None:
             raise ConfigError(
@@ -86,9 +86,9 @@ class KvRouting:
             )
         self.config = config
         self.section = section
-        self.nats_url = nats_url
         self.registry = registry
-        self.nc = NatsClient()
+        self.link = link
+        self.nc = link.nc
         self.bus = BusReader(self.nc, config.bus.request_timeout_ms / 1000)
         self.speculative = SpeculativeEntries(section.speculative_ttl_ms / 1000)
         self.metrics = KvScorerMetrics(
@@ -124,7 +124,7 @@ class KvRouting:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.ready = asyncio.Event()  # the index is fed (memory) / NATS is connected (redis)
-        self.connected = asyncio.Event()  # NATS is connected (once; nats-py reconnects itself)
+        self.connected = link.connected  # NATS is connected (once; nats-py reconnects itself)
 
     @property
     def backend(self) -> str:
@@ -182,9 +182,7 @@ class KvRouting:
 
     async def _run(self) -> None:
         try:
-            await connect_client(self.nc, self.config.bus, url=self.nats_url, name=NATS_CLIENT_NAME)
-            log.info("KV routing connected to NATS")
-            self.connected.set()
+            await self.connected.wait()
             async with asyncio.TaskGroup() as tasks:
                 side = [tasks.create_task(self._share_decisions()), tasks.create_task(self._watch_generations())]
                 if self.embedded is None:
@@ -267,8 +265,6 @@ class KvRouting:
         await self.prefix_scorer.aclose()
         await self.block_reads.aclose()
         await self.selector.aclose()
-        with contextlib.suppress(Exception):
-            await self.nc.close()
         if self._owned_redis is not None:
             with contextlib.suppress(Exception):
                 await self._owned_redis.aclose()

@@ -11,8 +11,9 @@ the sequence again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
+
+from continuum_common.backoff import Backoff
 
 INITIAL_DELAY_S = 0.2
 MAX_DELAY_S = 30.0
@@ -33,19 +34,17 @@ def after_exit(*, stopping: bool, serving: bool) -> ExitVerdict:
     return ExitVerdict.RESTART
 
 
-@dataclass(slots=True)
 class RestartBackoff:
-    """One worker's restart delays."""
+    """One worker's restart delays: continuum_common.backoff, started again after a stable run."""
 
-    initial_s: float = INITIAL_DELAY_S
-    max_s: float = MAX_DELAY_S
-    stable_after_s: float = STABLE_AFTER_S
-    quick_deaths: int = field(default=0)
+    def __init__(
+        self, initial_s: float = INITIAL_DELAY_S, max_s: float = MAX_DELAY_S, stable_after_s: float = STABLE_AFTER_S
+    ) -> None:
+        self.stable_after_s = stable_after_s
+        self._backoff = Backoff(initial_s, max_s)
 
     def next_delay(self, ran_for_s: float) -> float:
         """The wait before restarting a worker that ran for `ran_for_s` seconds."""
         if ran_for_s >= self.stable_after_s:
-            self.quick_deaths = 0
-        delay = min(self.max_s, self.initial_s * 2.0 ** min(self.quick_deaths, 32))
-        self.quick_deaths += 1
-        return delay
+            self._backoff.reset()
+        return self._backoff.next()

@@ -35,6 +35,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError
 from opentelemetry.trace import SpanKind
 
+from continuum_common.backoff import Backoff
 from continuum_common.bus import connect, ensure_kv_stream
 from continuum_common.config.router import Bus
 from continuum_common.events import SUBJECT_PREFIX, KvEvent
@@ -212,15 +213,14 @@ class JetStreamPublisher:
         self._online.set()
         self._changed()
         self.metrics.bus_connected.set(1)
-        backoff = 0.25
+        backoff = Backoff(0.25, 10.0)
         while True:
             try:
                 await ensure_kv_stream(self.js, self.cfg)
                 break
             except Exception as exc:  # JetStream API errors, timeouts while the server restarts
                 log.warning("cannot ensure stream CONTINUUM_KV (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+                await asyncio.sleep(backoff.next())
         self.ready.set()
 
     # -- publishing loop -------------------------------------------------------------------------

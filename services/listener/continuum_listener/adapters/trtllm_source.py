@@ -19,6 +19,7 @@ import logging
 
 import httpx
 
+from continuum_common.backoff import Backoff
 from continuum_common.config.listener import ListenerSource
 from continuum_listener.errors import DecodeError
 from continuum_listener.pipeline import MAX_RANKS, SourcePipeline
@@ -52,7 +53,7 @@ class TrtllmSource:
         self.timeout = httpx.Timeout(timeout + SERVER_WAIT_S, connect=timeout)
 
     async def run(self) -> None:
-        backoff = 0.25
+        backoff = Backoff(0.25, 30.0)
         async with httpx.AsyncClient(follow_redirects=False, timeout=self.timeout, trust_env=False) as client:
             while True:
                 await self.pipeline.wait_room()
@@ -65,10 +66,9 @@ class TrtllmSource:
                     if isinstance(exc, PollError):
                         self.pipeline.drop(exc.reason)
                     self._set_connected(False)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                    await asyncio.sleep(backoff.next())
                     continue
-                backoff = 0.25
+                backoff.reset()
                 self._set_connected(True)
                 try:
                     handled = self.handle(body)

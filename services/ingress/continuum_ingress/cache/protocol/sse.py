@@ -2,8 +2,8 @@
 
 `StreamRecorder` is fed the backend's bytes chunk by chunk *after* they were forwarded to the
 client: it never holds them back and never changes them (it only keeps a copy). It splits the
-bytes into SSE events (an event ends at a blank line; CRLF, LF and CR line ends are all legal
-per the SSE specification) and keeps each event's raw bytes. The recording is usable only if
+bytes into SSE events with continuum_common.sse (an event ends at a blank line; CRLF, LF and CR
+line ends are all legal per the SSE specification) and keeps each event's raw bytes. The recording is usable only if
 
 * the dialect's terminal event arrived: `data: [DONE]` (OpenAI) or `event: message_stop`
   (Anthropic), and nothing but blank lines followed it;
@@ -20,7 +20,6 @@ recorded: a stream cut short would be indistinguishable from a complete one.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
@@ -28,6 +27,7 @@ from typing import Final
 
 import orjson
 
+from continuum_common.sse import SseEvent, SseLimitError, SseSplitter, regroup
 from continuum_ingress.cache.protocol.entry import CachedResponse, EntryKind, keep_headers
 
 
@@ -36,31 +36,10 @@ class SseDialect(StrEnum):
     ANTHROPIC = "anthropic"
 
 
-# An event ends with two line ends in a row. A lone CR is a line end only when no LF follows,
-# so a buffer ending in CR is not searched to its last byte (its LF may be in the next chunk).
-_EVENT_END: Final = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
-_LINE: Final = re.compile(rb"\r\n|\r|\n")
-_ERROR_MARK: Final = b'"error"'
+_ERROR_MARK: Final = '"error"'
 
 
-def _fields(event: bytes) -> tuple[bytes | None, bytes | None]:
-    """The `event` name and the joined `data` of one raw SSE event."""
-    name: bytes | None = None
-    data: list[bytes] = []
-    for line in _LINE.split(event):
-        if not line or line.startswith(b":"):
-            continue
-        key, _, value = line.partition(b":")
-        if value.startswith(b" "):
-            value = value[1:]
-        if key == b"event":
-            name = value
-        elif key == b"data":
-            data.append(value)
-    return name, (b"\n".join(data) if data else None)
-
-
-def _is_openai_error(data: bytes) -> bool:
+def _is_openai_error(data: str) -> bool:
     if _ERROR_MARK not in data:  # cheap pre-check: most chunks never mention it
         return False
     try:
@@ -83,8 +62,7 @@ class StreamRecorder:
         self.max_bytes = max_bytes
         self._status = status
         self._headers = keep_headers(headers)
-        self._pending = bytearray()
-        self._scan_from = 0
+        self._splitter = SseSplitter(max(max_bytes, 1))  # never reached: the stream is smaller
         self._events: list[bytes] = []
         self._size = 0
         self._terminal = False
@@ -106,7 +84,6 @@ class StreamRecorder:
     def _fail(self, reason: str) -> None:
         self.failure = reason
         self._events = []
-        self._pending = bytearray()
 
     def feed(self, chunk: bytes) -> None:
         """Take a copy of `chunk` (already sent on to the client). Never raises."""
@@ -116,28 +93,22 @@ class StreamRecorder:
         if self._size > self.max_bytes:
             self._fail("oversized")
             return
-        self._pending += chunk
-        self._split()
-
-    def _split(self) -> None:
-        buf = self._pending
-        end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
-        start = 0
-        while True:
-            match = _EVENT_END.search(buf, max(start, self._scan_from), end)
-            if match is None:
-                break
-            self._event(bytes(buf[start : match.end()]))
+        try:
+            events = self._splitter.feed(chunk)
+        except SseLimitError:
+            self._fail("oversized")
+            return
+        for event in events:
+            self._event(event)
             if self.failure is not None:
                 return
-            start = match.end()
-            self._scan_from = start
-        if start:
-            del buf[:start]
-        # Resume the next search a few bytes back: a boundary may straddle two chunks.
-        self._scan_from = max(0, len(buf) - 3)
 
-    def _event(self, raw: bytes) -> None:
+    def _event(self, event: SseEvent) -> None:
+        raw = event.raw
+        if self._events:  # one stored event per SSE event, however the chunks were cut
+            self._events[-1], raw = regroup(self._events[-1], raw)
+            if not raw:
+                return
         if self._terminal:
             if raw.strip():
                 self._fail("data after the terminal event")
@@ -145,15 +116,14 @@ class StreamRecorder:
                 self._events[-1] += raw  # stray blank lines: keep them, replay stays identical
             return
         self._events.append(raw)
-        name, data = _fields(raw)
         if self.dialect is SseDialect.OPENAI:
-            if data == b"[DONE]":
+            if event.data == "[DONE]":
                 self._terminal = True
-            elif data is not None and _is_openai_error(data):
+            elif event.data is not None and _is_openai_error(event.data):
                 self._fail("error event")
-        elif name == b"message_stop":
+        elif event.event == "message_stop":
             self._terminal = True
-        elif name == b"error":
+        elif event.event == "error":
             self._fail("error event")
 
     def finish(
@@ -165,10 +135,11 @@ class StreamRecorder:
             self._status = status
         if headers is not None:
             self._headers = keep_headers(headers)
-        if self.failure is None and self._pending:
+        if self.failure is None:
             # Tolerate a final event without its blank line: end of body ends the event.
-            rest, self._pending = bytes(self._pending), bytearray()
-            self._event(rest)
+            rest = self._splitter.close()
+            if rest is not None:
+                self._event(rest)
         if not self.complete:
             if self.failure is None:
                 self._fail("no terminal event")

@@ -1,4 +1,4 @@
-"""The ingress's NATS client of the gemini-cache service (continuum_common.gemini_protocol).
+"""The ingress's NATS client of the gemini-cache service (continuum_common.wire.gemini).
 
 * `lookup`: request/reply with the configured short timeout; a timeout, "no responders", a
   closed connection or a malformed reply is `None` (the caller treats it as a miss), counted by
@@ -12,9 +12,8 @@
   the service's stats will lack them.
 * `stats`, `clear`: admin request/reply (ADMIN_TIMEOUT_S).
 
-The connection is opened in `start()` (bounded by `bus.connect_timeout_ms`); when NATS is not
-reachable then, the ingress starts anyway (every lookup is a miss) and a background task keeps
-trying every RECONNECT_INTERVAL_S.
+The connection is the ingress process's one NATS connection (continuum_ingress.adapters.
+nats_link), made in the background by its owner: until it is up, every lookup is a miss.
 """
 
 from __future__ import annotations
@@ -22,15 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
-from continuum_common.bus import connect
 from continuum_common.config.router import Bus
-from continuum_common.gemini_protocol import (
+from continuum_common.wire.gemini import (
     ADMIN_TIMEOUT_S,
     SUBJECT_ADMIN_CLEAR,
     SUBJECT_ADMIN_STATS,
@@ -43,15 +40,14 @@ from continuum_common.gemini_protocol import (
     UsageReport,
     decode_stats,
 )
+from continuum_ingress.adapters.nats_link import NatsLink
 from continuum_ingress.gemini.errors import GeminiIngressError
 from continuum_ingress.gemini.metrics import GeminiMetrics
 
 log = logging.getLogger(__name__)
 
 PUBLISH_QUEUE = 4096
-RECONNECT_INTERVAL_S = 2.0
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
-CLIENT_NAME = "continuum-ingress-gemini"
 # "No responders" can be a moment's gap in interest while a service (re)subscribes: a report
 # nobody received is safe to send again, so it is, this many times, before it counts as lost.
 USAGE_ATTEMPTS = 3
@@ -63,52 +59,29 @@ class ServiceUnavailable(GeminiIngressError):
 
 
 class GeminiBus:
-    def __init__(
-        self,
-        cfg: Bus,
-        metrics: GeminiMetrics,
-        *,
-        url: str | None = None,
-        lookup_timeout_s: float,
-        connector: Callable[..., Any] = connect,
-    ) -> None:
+    def __init__(self, cfg: Bus, metrics: GeminiMetrics, *, link: NatsLink, lookup_timeout_s: float) -> None:
         self._cfg = cfg
-        self._url = url
+        self._link = link
         self._metrics = metrics
         self._lookup_timeout = lookup_timeout_s
-        self._connector = connector
-        self._nc: NatsClient | None = None
         self._queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(PUBLISH_QUEUE)
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
+    def _nc(self) -> NatsClient | None:
+        """The shared connection once it was made (nats-py reconnects it by itself)."""
+        return self._link.nc if self._link.connected.is_set() else None
+
+    @property
     def connected(self) -> bool:
-        return self._nc is not None and self._nc.is_connected
+        return self._link.is_connected
 
     @property
     def max_payload(self) -> int:
         return self._nc.max_payload if self._nc is not None else DEFAULT_MAX_PAYLOAD
 
     async def start(self) -> None:
-        if not await self._try_connect():
-            self._tasks.append(asyncio.create_task(self._connect_loop(), name="gemini-bus-connect"))
         self._tasks.append(asyncio.create_task(self._publisher(), name="gemini-bus-publish"))
-
-    async def _try_connect(self) -> bool:
-        # nats-py retries an initial connect forever with max_reconnect_attempts=-1: bound it.
-        timeout = self._cfg.connect_timeout_ms / 1000
-        try:
-            self._nc = await asyncio.wait_for(self._connector(self._cfg, name=CLIENT_NAME, url=self._url), timeout)
-        except Exception as exc:  # unreachable, refused, auth: the ingress serves on without the cache
-            log.warning("gemini-cache bus not reachable (%s); requests go uncached until it is", type(exc).__name__)
-            return False
-        log.info("gemini-cache bus connected")
-        return True
-
-    async def _connect_loop(self) -> None:
-        while self._nc is None:
-            await asyncio.sleep(RECONNECT_INTERVAL_S)
-            await self._try_connect()
 
     async def aclose(self) -> None:
         await self.flush_pending()
@@ -117,14 +90,7 @@ class GeminiBus:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._tasks.clear()
-        if self._nc is not None:
-            try:
-                await asyncio.wait_for(self._nc.drain(), 2)
-            except Exception:
-                with contextlib.suppress(Exception):
-                    await self._nc.close()
-            self._nc = None
+        self._tasks.clear()  # the connection is closed by its owner, after this
 
     # ------------------------------------------------------------------ lookups
 

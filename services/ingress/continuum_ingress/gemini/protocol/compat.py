@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from continuum_ingress.gemini.protocol.sse import EventTooLarge, SseSplitter, event_data
+from continuum_common.sse import SseEvent, SseLimitError, SseSplitter
+from continuum_ingress.gemini.protocol.sse import MAX_EVENT_BYTES
 
 
 def with_cached_content(body: Mapping[str, Any], cached_content: str) -> dict[str, Any]:
@@ -64,45 +65,49 @@ def observe_body(data: bytes, fill: int | None) -> tuple[bytes, int | None]:
 
 class CompatStreamTap:
     """Passes an OpenAI SSE stream through event by event (a partial event waits for its end),
-    noting the usage chunk's cached tokens and filling them in when missing on a cache hit."""
+    noting the usage chunk's cached tokens and filling them in when missing on a cache hit.
+    Events it does not rewrite pass byte for byte."""
 
     def __init__(self, fill: int | None) -> None:
         self.fill = fill
         self.cached: int | None = None
         self.saw_usage = False
-        self._splitter: SseSplitter | None = SseSplitter()
+        self._splitter: SseSplitter | None = SseSplitter(MAX_EVENT_BYTES)
 
     def feed(self, data: bytes) -> bytes:
         if self._splitter is None:
             return data
         try:
             events = self._splitter.feed(data)
-        except EventTooLarge:
+        except SseLimitError:
             self._splitter = None  # not SSE we understand: pass the rest through untouched
             return data
-        return b"".join(self._event(e) + b"\n\n" for e in events)
+        return b"".join(self._event(e) for e in events)
 
     def finish(self) -> bytes:
         if self._splitter is None:
             return b""
-        rest = self._splitter.rest()
-        return self._event(rest) + b"\n\n" if rest.strip() else b""
+        rest = self._splitter.close()
+        if rest is None or not rest.raw.strip():
+            return b""
+        out = self._event(rest)
+        return out.rstrip(b"\r\n") + b"\n\n"  # the blank line the stream did not send
 
-    def _event(self, event: bytes) -> bytes:
-        if b'"usage"' not in event or b"prompt_tokens" not in event:
-            return event
-        data = event_data(event)
+    def _event(self, event: SseEvent) -> bytes:
+        data = event.data
+        if data is None or '"usage"' not in data or "prompt_tokens" not in data:
+            return event.raw
         try:
-            obj = orjson.loads(data) if data is not None else None
+            obj = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return event
+            return event.raw
         usage = obj.get("usage") if isinstance(obj, dict) else None
         if not isinstance(usage, dict):
-            return event
+            return event.raw
         self.saw_usage = True
         self.cached = usage_cached_tokens(usage)
         if self.cached is not None or self.fill is None:
-            return event
+            return event.raw
         _fill(usage, self.fill)
         self.cached = self.fill
-        return b"data: " + orjson.dumps(obj)
+        return b"data: " + orjson.dumps(obj) + b"\n\n"

@@ -25,9 +25,10 @@ from typing import Any
 
 import orjson
 
+from continuum_common.sse import SseEvent
 from continuum_ingress.gemini.errors import ConversionError
 from continuum_ingress.gemini.protocol.response import google_error_fields, responses_usage, split_parts
-from continuum_ingress.gemini.protocol.sse import SseConverter, event_data
+from continuum_ingress.gemini.protocol.sse import SseConverter
 
 _CHAT_ROLES = frozenset({"user", "assistant", "system", "developer"})
 _INCOMPLETE = {
@@ -289,8 +290,8 @@ class ResponsesStreamConverter(SseConverter):
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + self._event(kind, response=self._envelope(status, incomplete))
 
-    def _convert(self, event: bytes) -> bytes:
-        data = event_data(event) if event.strip() else None
+    def _convert(self, event: SseEvent) -> bytes:
+        data = event.data
         if data is None:
             return b""
         try:

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from continuum_common.sse import SseEvent
 from continuum_ingress.gemini.protocol.response import (
     finish_reason,
     google_error_fields,
@@ -29,7 +30,7 @@ from continuum_ingress.gemini.protocol.response import (
     split_parts,
     tool_call,
 )
-from continuum_ingress.gemini.protocol.sse import SseConverter, event_data
+from continuum_ingress.gemini.protocol.sse import SseConverter
 
 DONE = b"data: [DONE]\n\n"
 
@@ -82,9 +83,9 @@ class ChatStreamConverter(SseConverter):
         self.failed = True
         return frame(openai_error(code, status, message))
 
-    def _convert(self, event: bytes) -> bytes:
-        data = event_data(event) if event.strip() else None
-        if data is None or data.strip() == b"[DONE]":
+    def _convert(self, event: SseEvent) -> bytes:
+        data = event.data
+        if data is None or data.strip() == "[DONE]":
             return b""
         try:
             obj = orjson.loads(data)

@@ -1,5 +1,5 @@
-"""The ingress's NATS I/O for Tier 4: the connection (made in the background, so an ingress
-starts and serves even while NATS is down), the indexer's admin request/reply
+"""The ingress's NATS I/O for Tier 4 (on the process's one connection,
+continuum_ingress.adapters.nats_link): the indexer's admin request/reply
 (`continuum.indexer.admin.<verb>`) and the listener heartbeats (KV bucket
 `continuum_listeners`). Every call is bounded by `bus.request_timeout_ms`; a failure returns
 None / [] and is logged, never raised into an admin request."""
@@ -14,41 +14,12 @@ from typing import Any
 import orjson
 from nats.aio.client import Client as NatsClient
 
-from continuum_common.bus import connect_options
-from continuum_common.config.router import Bus
 from continuum_common.events import LISTENERS_BUCKET
 from continuum_common.wire import indexer_admin
 
 log = logging.getLogger("continuum.ingress.kv")
 
 MAX_HEARTBEATS = 4096
-
-
-async def connect_client(nc: NatsClient, cfg: Bus, *, url: str | None, name: str) -> None:
-    """Connect an existing client (nats-py retries the first connection for ever with the
-    shared options; run this in a task and cancel it to give up)."""
-    reported = False
-
-    async def _error(exc: Exception) -> None:
-        nonlocal reported
-        if not reported:  # one warning per outage, not one per attempt
-            log.warning("nats: %s (retrying in the background)", type(exc).__name__)
-            reported = True
-
-    async def _reconnected() -> None:
-        nonlocal reported
-        reported = False
-        log.info("nats: reconnected")
-
-    async def _noop() -> None:
-        return None
-
-    await nc.connect(
-        **connect_options(cfg, url=url, name=name),
-        error_cb=_error,
-        disconnected_cb=_noop,
-        reconnected_cb=_reconnected,
-    )
 
 
 class BusReader:

@@ -1,5 +1,5 @@
 """The gemini-cache bus protocol (DESIGN.md §5): subjects, message types and their JSON
-encoding. Pure; the ingress and the gemini-cache service both import it.
+encoding, and the records the service keeps in its state store. Pure; the ingress and the gemini-cache service both import it.
 
 | subject                         | kind                          | request → reply                        |
 |---------------------------------|-------------------------------|----------------------------------------|
@@ -471,3 +471,123 @@ def decode_stats(data: bytes | bytearray | memoryview | str) -> dict[str, Any]:
     """The stats reply is the seed's JSON object, passed through to the HTTP admin endpoint
     as is; this only checks it is one."""
     return _obj(data)
+
+
+# --------------------------------------------------------------------------- stored records
+# The gemini-cache's records in its state store (Redis `cr:gem:*`): compact JSON objects with
+# the keys below in this order, absent optionals as null.
+
+
+class GeminiRecordError(GeminiProtocolError):
+    """A stored record this version cannot read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A live cachedContents resource owned by the service."""
+
+    backend: str
+    digest: str
+    model: str
+    name: str  # cachedContents/{id}
+    expire_at: float  # Unix seconds, from Google's expireTime
+    ttl_seconds: float  # the TTL it was created (or last extended) with
+    created_at: float
+    token_count: int | None = None
+    last_use: float = 0.0  # filled from the LRU order when read
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend}:{self.digest}"
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "backend": self.backend,
+                "digest": self.digest,
+                "model": self.model,
+                "name": self.name,
+                "expire_at": self.expire_at,
+                "ttl_seconds": self.ttl_seconds,
+                "created_at": self.created_at,
+                "token_count": self.token_count,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes | str, last_use: float = 0.0) -> Entry:
+        obj = _record_obj(data)
+        try:
+            return cls(
+                backend=str(obj["backend"]),
+                digest=str(obj["digest"]),
+                model=str(obj["model"]),
+                name=str(obj["name"]),
+                expire_at=float(obj["expire_at"]),
+                ttl_seconds=float(obj["ttl_seconds"]),
+                created_at=float(obj["created_at"]),
+                token_count=int(obj["token_count"]) if obj.get("token_count") is not None else None,
+                last_use=last_use,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GeminiRecordError(f"corrupt cache entry record: {exc!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class NegativeEntry:
+    """Google refused to cache this prefix; no create attempts until `until`."""
+
+    backend: str
+    digest: str
+    model: str
+    until: float
+    created_at: float
+    min_total_token_count: int | None = None
+    total_token_count: int | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend}:{self.digest}"
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "backend": self.backend,
+                "digest": self.digest,
+                "model": self.model,
+                "until": self.until,
+                "created_at": self.created_at,
+                "min_total_token_count": self.min_total_token_count,
+                "total_token_count": self.total_token_count,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> NegativeEntry:
+        obj = _record_obj(data)
+        try:
+            return cls(
+                backend=str(obj["backend"]),
+                digest=str(obj["digest"]),
+                model=str(obj["model"]),
+                until=float(obj["until"]),
+                created_at=float(obj["created_at"]),
+                min_total_token_count=_int_or_none(obj.get("min_total_token_count")),
+                total_token_count=_int_or_none(obj.get("total_token_count")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GeminiRecordError(f"corrupt negative entry record: {exc!r}") from None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if value is not None else None
+
+
+def _record_obj(data: bytes | str) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise GeminiRecordError("corrupt state record (not JSON)") from None
+    if not isinstance(obj, dict):
+        raise GeminiRecordError("corrupt state record (not an object)")
+    return obj
