@@ -30,9 +30,9 @@ from continuum_common.wire.gemini import LookupReply, LookupResult, digest_hex
 from continuum_gemini_cache.app import GeminiCacheApp
 from continuum_ingress.gemini.memo import LookupMemo
 from continuum_ingress.gemini.policy import Candidate, cache_candidate
+from continuum_ingress.gemini.protocol.chat_completion import to_chat_completion
 from continuum_ingress.gemini.protocol.compat import observe_body, with_cached_content
 from continuum_ingress.gemini.protocol.request import to_generate_content
-from continuum_ingress.gemini.protocol.response import to_chat_completion
 from continuum_ingress.gemini.protocol.stream import ChatStreamConverter
 from continuum_testing.fake_gemini import FakeGemini
 from continuum_testing.fake_gemini_bodies import Reply, Usage, generate_response, sse, stream_chunks

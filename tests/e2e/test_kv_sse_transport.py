@@ -17,7 +17,7 @@ from continuum_common.config.router import EventSource
 from continuum_common.kvindex import InMemoryKvIndex
 from continuum_common.salt import make_salt
 from continuum_indexer.adapters.sse_source import SseSource
-from continuum_indexer.feed import EventSink
+from continuum_indexer.event_sink import EventSink
 from continuum_indexer.metrics import IndexerMetrics
 from continuum_listener.app import running
 from continuum_listener.config import settings_from

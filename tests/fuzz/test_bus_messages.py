@@ -70,7 +70,7 @@ from continuum_common.wire.loads import (
 from continuum_gemini_cache.app import GeminiCacheApp
 from continuum_indexer.app import IndexerApp
 from continuum_indexer.errors import DroppedEvent
-from continuum_indexer.feed import EventSink
+from continuum_indexer.event_sink import EventSink
 from continuum_indexer.metrics import DROP_REASONS, IndexerMetrics
 from continuum_indexer.protocol.bus_messages import decode_bus_message
 from continuum_testing.fake_gemini import FakeGemini

@@ -19,7 +19,7 @@ from continuum_common.events import Tier
 from continuum_common.kvindex import InMemoryKvIndex, KvHolder
 from continuum_common.procs import free_port
 from continuum_indexer.adapters.sse_source import SseSource
-from continuum_indexer.feed import EventSink
+from continuum_indexer.event_sink import EventSink
 from continuum_indexer.metrics import IndexerMetrics
 from continuum_testing.kvindex_streams import prefix
 

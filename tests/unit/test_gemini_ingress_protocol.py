@@ -15,9 +15,7 @@ from continuum_common.wire.gemini import LookupReply, LookupResult, digest_hex
 from continuum_ingress.gemini.errors import ConversionError
 from continuum_ingress.gemini.memo import LookupMemo
 from continuum_ingress.gemini.policy import Candidate, Ineligible, cache_candidate
-from continuum_ingress.gemini.protocol.compat import CompatStreamTap, observe_body, with_cached_content
-from continuum_ingress.gemini.protocol.request import to_generate_content
-from continuum_ingress.gemini.protocol.response import (
+from continuum_ingress.gemini.protocol.chat_completion import (
     finish_reason,
     google_error_fields,
     openai_error,
@@ -25,7 +23,9 @@ from continuum_ingress.gemini.protocol.response import (
     responses_usage,
     to_chat_completion,
 )
-from continuum_ingress.gemini.protocol.responses import ResponsesStreamConverter, responses_to_chat, to_response
+from continuum_ingress.gemini.protocol.compat import CompatStreamTap, observe_body, with_cached_content
+from continuum_ingress.gemini.protocol.request import to_generate_content
+from continuum_ingress.gemini.protocol.responses_api import ResponsesStreamConverter, responses_to_chat, to_response
 from continuum_ingress.gemini.protocol.stream import ChatStreamConverter
 from continuum_testing.fake_gemini_bodies import Reply, Usage, sse, stream_chunks
 

@@ -11,7 +11,7 @@ import yaml
 
 from continuum_common.errors import ConfigError
 from continuum_ingress.adapters.upstream import ClientSet
-from continuum_ingress.config import ConfigHolder, restart_only_changes
+from continuum_ingress.config_holder import ConfigHolder, restart_only_changes
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.dialects import default_dialects

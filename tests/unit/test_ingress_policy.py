@@ -6,12 +6,12 @@ import hashlib
 from collections.abc import Sequence
 
 from continuum_common.config import Backend
+from continuum_ingress.hyperloglog import HyperLogLog
 from continuum_ingress.policy.breaker import BreakerState, CircuitBreaker
 from continuum_ingress.policy.cache_control import has_cache_control, inject_cache_control, should_inject
 from continuum_ingress.policy.scorer import HoldingTier, best_scored
 from continuum_ingress.policy.strategies import CandidateView
 from continuum_ingress.pool import HEALTH_FAILURES_TO_DOWN, BackendPool, BackendState
-from continuum_ingress.sketch import HyperLogLog
 
 
 class FixedScorer:

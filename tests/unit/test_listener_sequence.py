@@ -122,7 +122,7 @@ async def test_resolver_pending_failed_and_unattributable() -> None:
 
 
 def test_trace_headers_with_and_without_tracing() -> None:
-    from continuum_common.config.router import Tracing as TracingConfig
+    from continuum_common.config.router import TracingConfig
     from continuum_common.tracing import Tracing
     from continuum_listener.adapters.publisher import trace_headers
 

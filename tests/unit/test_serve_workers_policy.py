@@ -14,7 +14,7 @@ from continuum_common.config import RouterConfig
 from continuum_common.config.loader import parse
 from continuum_common.config.router import LoadSharing
 from continuum_common.errors import ConfigError
-from continuum_ingress.config import restart_only_changes
+from continuum_ingress.config_holder import restart_only_changes
 from continuum_ingress.policy.restarts import ExitVerdict, RestartBackoff, after_exit
 from continuum_ingress.policy.shared_load import choose_transports
 from continuum_ingress.protocol.exposition import ExpositionError, merge, render

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opentelemetry import trace
 
-from continuum_common.config.router import Tracing as TracingConfig
+from continuum_common.config.router import TracingConfig
 from continuum_common.tracing import Tracing
 
 

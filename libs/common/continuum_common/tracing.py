@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from continuum_common.config.router import Tracing as TracingConfig
+from continuum_common.config.router import TracingConfig
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from continuum_common.config.router import GeminiContextCache, RouterConfig
+from continuum_common.config.router import GeminiContextCacheConfig, RouterConfig
 from continuum_common.config.secrets import read_secret
 from continuum_common.gemini_api import api_root
 from continuum_gemini_cache.errors import DisabledError
@@ -52,7 +52,7 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    cache: GeminiContextCache
+    cache: GeminiContextCacheConfig
     backends: dict[str, GeminiBackend]
     limits: Limits = Limits()
 

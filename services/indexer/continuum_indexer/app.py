@@ -21,7 +21,7 @@ from continuum_common.wire import indexer_admin as admin
 from continuum_indexer.adapters.admin_nats import AdminResponder
 from continuum_indexer.adapters.http import HealthServer
 from continuum_indexer.config import IndexerSettings
-from continuum_indexer.feeds import IndexFeeds
+from continuum_indexer.index_feeds import IndexFeeds
 from continuum_indexer.metrics import EVENT_BUS_SOURCE, IndexerMetrics
 
 log = logging.getLogger("continuum.indexer")

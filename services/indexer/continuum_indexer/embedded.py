@@ -29,7 +29,7 @@ from continuum_common.config.router import RouterConfig
 from continuum_common.kvindex import InMemoryBlockIndex, InMemoryKvIndex
 from continuum_common.wire.indexer_admin import SourceStats
 from continuum_indexer.config import ConsumerSettings, IndexerSettings
-from continuum_indexer.feeds import IndexFeeds
+from continuum_indexer.index_feeds import IndexFeeds
 from continuum_indexer.metrics import IndexerMetrics
 
 

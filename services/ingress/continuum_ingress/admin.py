@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from continuum_common.ring import RouteLabel
 from continuum_ingress.asgi import Receive, Scope, Send, send_json
-from continuum_ingress.config import ConfigHolder
+from continuum_ingress.config_holder import ConfigHolder
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pool import BackendPool
 

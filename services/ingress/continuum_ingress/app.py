@@ -52,7 +52,7 @@ from continuum_ingress.adapters.worker_metrics import WorkerMetrics
 from continuum_ingress.admin import AdminAuth, AdminEndpoints
 from continuum_ingress.asgi import Receive, Scope, Send
 from continuum_ingress.cache.hook import CacheHook
-from continuum_ingress.config import ConfigHolder
+from continuum_ingress.config_holder import ConfigHolder
 from continuum_ingress.edge import EdgeGuard, EdgeLimits
 from continuum_ingress.endpoints import ForwardEndpoint, InfoEndpoints
 from continuum_ingress.errors import RequestError

@@ -21,7 +21,7 @@ from continuum_common.tracing import Tracing
 from continuum_ingress.asgi import Channel, ClientGone, DisconnectWatch, Receive, Scope, Send, read_body, read_headers
 from continuum_ingress.cache.facade import CacheLookup, CacheStatus
 from continuum_ingress.cache.protocol.entry import CachedResponse
-from continuum_ingress.config import ConfigHolder
+from continuum_ingress.config_holder import ConfigHolder
 from continuum_ingress.errors import RequestError
 from continuum_ingress.forwarding import Forwarder, response_headers
 from continuum_ingress.metrics import IngressMetrics

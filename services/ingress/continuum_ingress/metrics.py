@@ -19,10 +19,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from continuum_common.ring import RouteLabel
+from continuum_ingress.hyperloglog import HyperLogLog
 from continuum_ingress.policy.scorer import HoldingTier
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import Api
-from continuum_ingress.sketch import HyperLogLog
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ENDPOINTS = (*(a.value for a in Api), "models", "admin")

@@ -45,7 +45,7 @@ def _validate_one(file: str, kind: str) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from continuum_common.logs import setup_logging
-    from continuum_ingress.config import resolve_config_path
+    from continuum_ingress.config_holder import resolve_config_path
     from continuum_ingress.workers import WorkerSeat
     from continuum_router.run import run_loop, serve_forever
 
@@ -70,7 +70,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from continuum_common.logs import setup_logging
-    from continuum_ingress.config import resolve_config_path
+    from continuum_ingress.config_holder import resolve_config_path
     from continuum_router.run import run_loop
     from continuum_router.up import up
 

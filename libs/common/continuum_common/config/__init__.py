@@ -11,22 +11,22 @@ from continuum_common.config.loader import (
 )
 from continuum_common.config.router import (
     Backend,
-    GeminiContextCache,
+    GeminiContextCacheConfig,
     KvCacheIndex,
     PrefixRouting,
-    ResponseCache,
+    ResponseCacheConfig,
     RouterConfig,
     SelectionStrategy,
 )
 
 __all__ = [
     "Backend",
-    "GeminiContextCache",
+    "GeminiContextCacheConfig",
     "KvCacheIndex",
     "ListenerConfig",
     "ListenerSource",
     "PrefixRouting",
-    "ResponseCache",
+    "ResponseCacheConfig",
     "RouterConfig",
     "SelectionStrategy",
     "format_duration",

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from continuum_common.config.router import Bus, Tracing
+from continuum_common.config.router import Bus, TracingConfig
 from continuum_common.config.types import HttpUrl, Section, SourceId
 
 ChatTemplate = Literal["chatml", "llama3", "mistral", "gemma", "sim"]
@@ -103,7 +103,7 @@ class ListenerConfig(Section):
     max_prefix_length: int = Field(1024, ge=1, le=1_048_576)
     salt: ListenerSalt = ListenerSalt()
     limits: ListenerLimits = ListenerLimits()
-    tracing: Tracing = Tracing()
+    tracing: TracingConfig = TracingConfig()
     sources: list[ListenerSource] = []
 
     @model_validator(mode="before")

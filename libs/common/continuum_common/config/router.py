@@ -114,7 +114,7 @@ class SemanticCache(Section):
         return self
 
 
-class ResponseCache(Section):
+class ResponseCacheConfig(Section):
     enabled: bool = False
     backend: Literal["memory", "redis"] = "memory"
     capacity: int = Field(1000, ge=1, le=100_000_000)
@@ -240,7 +240,7 @@ class EventSource(Section):
         return self
 
 
-class SaltEcho(Section):
+class SaltEchoConfig(Section):
     """Salt echo (continuum_common.salt): the ingress sends vLLM/TRT-LLM backends a `cache_salt`
     carrying an HMAC-authenticated prefix key so the listener can map chains without
     detokenizing. The secret must equal the listener's `salt` secret."""
@@ -353,7 +353,7 @@ class KvCacheIndex(Section):
     load_sharing: LoadSharing | None = None
     scoring: Scoring = Scoring()
     storage_offloading: StorageOffloading = StorageOffloading()
-    salt_echo: SaltEcho = SaltEcho()
+    salt_echo: SaltEchoConfig = SaltEchoConfig()
     event_sources: list[EventSource] = []
 
     @model_validator(mode="after")
@@ -374,7 +374,7 @@ class KvCacheIndex(Section):
         return self
 
 
-class GeminiContextCache(Section):
+class GeminiContextCacheConfig(Section):
     enabled: bool = False
     min_prefix_bytes: int = Field(16_384, ge=1024)
     ttl: Duration = 600.0
@@ -496,7 +496,7 @@ class Admin(Section):
     token_file: str | None = None
 
 
-class Tracing(Section):
+class TracingConfig(Section):
     enabled: bool = False
     otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
     service_name: str = "continuum"
@@ -527,15 +527,15 @@ class Server(Section):
 class RouterConfig(Section):
     server: Server = Server()
     prefix_routing: PrefixRouting = PrefixRouting()
-    response_cache: ResponseCache = ResponseCache()
+    response_cache: ResponseCacheConfig = ResponseCacheConfig()
     kv_cache_index: KvCacheIndex = KvCacheIndex()
-    gemini_context_cache: GeminiContextCache = GeminiContextCache()
+    gemini_context_cache: GeminiContextCacheConfig = GeminiContextCacheConfig()
     selection_strategy: SelectionStrategy = SelectionStrategy.ROUND_ROBIN
     backends: list[Backend] = []
     bus: Bus = Bus()
     redis: Redis | None = None
     admin: Admin = Admin()
-    tracing: Tracing = Tracing()
+    tracing: TracingConfig = TracingConfig()
     # None: kv_cache_index.load_sharing when set there, else the defaults (`shared_load()`).
     load_sharing: LoadSharing | None = None
 

@@ -19,7 +19,7 @@ from continuum_common.config.router import KvCacheIndex
 from continuum_common.kvindex import BlockIndexWriter, KvIndexError, KvIndexWriter
 from continuum_common.wire import indexer_admin as admin
 from continuum_indexer.config import ADMIN_QUEUE_GROUP
-from continuum_indexer.feeds import IndexFeeds
+from continuum_indexer.index_feeds import IndexFeeds
 from continuum_indexer.metrics import IndexerMetrics
 
 log = logging.getLogger("continuum.indexer.admin")

@@ -41,7 +41,7 @@ from continuum_common.wire.kv import KvBatch
 from continuum_indexer.adapters.pull import ConsumerGoneError, PullStream
 from continuum_indexer.config import ConsumerSettings
 from continuum_indexer.errors import DroppedEvent
-from continuum_indexer.feed import EventSink
+from continuum_indexer.event_sink import EventSink
 from continuum_indexer.metrics import EVENT_BUS_SOURCE
 from continuum_indexer.protocol.bus_messages import decode_bus_message
 

@@ -43,7 +43,7 @@ from continuum_common.kvindex.sse import (
 )
 from continuum_common.wire.indexer_admin import SourceStats
 from continuum_indexer.errors import IndexerError
-from continuum_indexer.feed import EventSink
+from continuum_indexer.event_sink import EventSink
 
 log = logging.getLogger("continuum.indexer.sse")
 _MAX_WS_MESSAGE = 2 << 20

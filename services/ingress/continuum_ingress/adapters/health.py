@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from continuum_common.config import Backend
-from continuum_ingress.config import ConfigHolder
+from continuum_ingress.config_holder import ConfigHolder
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.transport import UpstreamError
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from continuum_common.config.router import ResponseCache, SemanticCache
+from continuum_common.config.router import ResponseCacheConfig, SemanticCache
 from continuum_ingress.cache.policy.semantic import partition_digest, semantic_entry_id, semantic_text
 from continuum_ingress.cache.protocol.embeddings import EmbeddingClient
 from continuum_ingress.cache.semantic_index import SemanticIndex, SemanticMatch, Vector
@@ -37,7 +37,7 @@ class SemanticSettings:
     cache_omitted_temperature: bool = False
 
     @classmethod
-    def from_config(cls, cache: ResponseCache) -> SemanticSettings:
+    def from_config(cls, cache: ResponseCacheConfig) -> SemanticSettings:
         sem: SemanticCache = cache.semantic
         return cls(
             threshold=sem.threshold,

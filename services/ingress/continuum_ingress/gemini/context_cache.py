@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from continuum_common.config import Backend, RouterConfig
-from continuum_common.config.router import GeminiContextCache as CacheConfig
+from continuum_common.config.router import GeminiContextCacheConfig
 from continuum_common.gemini_api import is_stale_cache_reference
 from continuum_common.wire.gemini import (
     SUBJECT_DROP,
@@ -92,7 +92,7 @@ class GeminiContextCache:
 
     def __init__(
         self,
-        config: CacheConfig,
+        config: GeminiContextCacheConfig,
         bus: GeminiBus,
         metrics: GeminiMetrics,
         *,

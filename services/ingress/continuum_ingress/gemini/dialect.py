@@ -6,7 +6,7 @@
   the request and the answer converted (protocol/).
 * Embeddings always use the compat endpoint (`/v1beta/openai/embeddings`).
 * `/v1/responses` always uses the native API (Google's compat API has no Responses endpoint),
-  converted both ways by protocol/responses.py.
+  converted both ways by protocol/responses_api.py.
 * With the context cache enabled, every chat answer's cached tokens are reported to the cache
   (`usage_sink`): `usageMetadata.cachedContentTokenCount` on the native API, the compat usage's
   `prompt_tokens_details.cached_tokens` (filled in from the cache's size on a hit that does not
@@ -30,15 +30,15 @@ import orjson
 from continuum_common.config import Backend
 from continuum_common.gemini_api import api_root, bare_model
 from continuum_ingress.gemini.context_cache import CacheDecision, decision_for
-from continuum_ingress.gemini.protocol.compat import CompatStreamTap, observe_body
-from continuum_ingress.gemini.protocol.request import to_generate_content
-from continuum_ingress.gemini.protocol.response import (
+from continuum_ingress.gemini.protocol.chat_completion import (
     cached_tokens,
     google_error_fields,
     openai_error,
     to_chat_completion,
 )
-from continuum_ingress.gemini.protocol.responses import ResponsesStreamConverter, responses_to_chat, to_response
+from continuum_ingress.gemini.protocol.compat import CompatStreamTap, observe_body
+from continuum_ingress.gemini.protocol.request import to_generate_content
+from continuum_ingress.gemini.protocol.responses_api import ResponsesStreamConverter, responses_to_chat, to_response
 from continuum_ingress.gemini.protocol.stream import ChatStreamConverter
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.dialects import (

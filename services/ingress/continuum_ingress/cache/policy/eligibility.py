@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-from continuum_common.config.router import ResponseCache
+from continuum_common.config.router import ResponseCacheConfig
 from continuum_ingress.cache.protocol.sse import SseDialect
 
 
@@ -56,7 +56,7 @@ class CachePolicy:
     cache_omitted_temperature: bool = False
 
     @classmethod
-    def from_config(cls, cfg: ResponseCache) -> CachePolicy:
+    def from_config(cls, cfg: ResponseCacheConfig) -> CachePolicy:
         return cls(
             enabled=cfg.enabled,
             ttl=cfg.ttl,

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from continuum_common.sse import SseEvent
-from continuum_ingress.gemini.protocol.response import (
+from continuum_ingress.gemini.protocol.chat_completion import (
     finish_reason,
     google_error_fields,
     openai_error,

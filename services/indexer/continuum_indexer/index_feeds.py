@@ -21,7 +21,7 @@ from continuum_indexer.adapters.jetstream import JetStreamConsumer
 from continuum_indexer.adapters.resync import ResyncRequester
 from continuum_indexer.adapters.sse_source import SseSource
 from continuum_indexer.config import IndexerSettings
-from continuum_indexer.feed import EventSink
+from continuum_indexer.event_sink import EventSink
 from continuum_indexer.metrics import IndexerMetrics
 
 log = logging.getLogger("continuum.indexer")

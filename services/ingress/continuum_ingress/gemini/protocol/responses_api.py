@@ -27,7 +27,7 @@ import orjson
 
 from continuum_common.sse import SseEvent
 from continuum_ingress.gemini.errors import ConversionError
-from continuum_ingress.gemini.protocol.response import google_error_fields, responses_usage, split_parts
+from continuum_ingress.gemini.protocol.chat_completion import google_error_fields, responses_usage, split_parts
 from continuum_ingress.gemini.protocol.sse import SseConverter
 
 _CHAT_ROLES = frozenset({"user", "assistant", "system", "developer"})
