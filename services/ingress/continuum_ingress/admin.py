@@ -1,7 +1,7 @@
 """`/admin/*`: bearer-token auth and the ingress's own admin endpoints.
 
 Every route mounted under /admin - these and the ones other components add through
-`create_app(extra_admin_routes=...)` - sits behind `AdminAuth`: `Authorization: Bearer <token>`
+`IngressApp(extra_admin_routes=...)` - sits behind `AdminAuth`: `Authorization: Bearer <token>`
 compared in constant time (hmac.compare_digest) against every configured token. With no token
 configured the admin API is locked (401 for everyone), never open.
 """

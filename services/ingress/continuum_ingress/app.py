@@ -304,8 +304,3 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return Response(
         error_body(style, error, ""), status_code=exc.status_code, media_type="application/json", headers=exc.headers
     )
-
-
-def create_app(config: str | Path | RouterConfig, **kwargs: object) -> HotPaths:
-    """The ASGI app for `config` (see IngressApp for the keyword seams)."""
-    return IngressApp(config, **kwargs).asgi  # type: ignore[arg-type]

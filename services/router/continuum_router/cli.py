@@ -93,11 +93,6 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_implemented(name: str) -> int:
-    print(f"continuum-router {name}: not implemented yet", file=sys.stderr)
-    return 2
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.rest[:1] == ["fleet"]:
         from continuum_bench.fleet import main as fleet_main

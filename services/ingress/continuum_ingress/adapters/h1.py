@@ -371,11 +371,4 @@ class H1Pool:
             self._discard(conn)
 
 
-def header_value(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    for key, value in headers:
-        if key == name:
-            return value
-    return None
-
-
 __all__: list[Any] = ["ConnectFailed", "Disconnected", "H1Pool", "ReadTimeout", "Response", "UpstreamError"]
