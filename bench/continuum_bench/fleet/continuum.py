@@ -4,7 +4,7 @@
 |---|---|
 | `continuum-round-robin` | `continuum-router serve`, RoundRobin, prefix routing off |
 | `continuum-prefix-hash` | `continuum-router serve`, PrefixAwareHash (CHWBL, Tier 1) |
-| `continuum-prefix-hash-kv` | PrefixAwareHash + the KV index as the seed had it: prefix keys (`default_mode: prefix_key`, the seed's scoring formula, salt echo), the listener publishing prefix-key events (`publish: prefix`), a private `nats-server -js`; memory index in the ingress |
+| `continuum-prefix-hash-kv` | PrefixAwareHash + the KV index in its prefix-key form: prefix keys (`default_mode: prefix_key`, the composite scoring formula `scoring.model: seed`, salt echo), the listener publishing prefix-key events (`publish: prefix`), a private `nats-server -js`; memory index in the ingress |
 | `continuum-prefix-hash-kv-redis` | the same with `backend: redis`: a `redis-server` and a `continuum-indexer` |
 | `continuum-kv-approx` | PrefixAwareHash + block index, `default_mode: approximate` (chained hashes of text chunks), the listener publishing engine block hashes (`publish: blocks`); memory index |
 | `continuum-kv-precise` | the same with one precise match group for the fleet: the engines' vLLM block hashes recomputed from the prompt's token ids (a local tokenizer with `--tokenizer hf`, else the engines' `/tokenize`) |
@@ -118,7 +118,7 @@ def match_group(ctx: FleetContext) -> dict[str, Any]:
 def kv_index_config(ctx: FleetContext, stack: KvStack, salt_file: str) -> dict[str, Any]:
     index: dict[str, Any] = {"enabled": True, "backend": stack.backend}
     if stack.mode == "prefix_key":
-        # The seed's Tier 4: one prefix key per system prompt, the seed's scoring formula, and
+        # The prefix-key form of the KV index: one prefix key per system prompt, the composite scoring formula, and
         # salt echo so the listener can map chains to prefix keys without detokenizing.
         index["default_mode"] = "prefix_key"
         index["scoring"] = {"model": "seed"}
