@@ -59,7 +59,9 @@ def expected(model: list[list[Field]]) -> list[tuple[str | None, str | None, str
         event, data = None, None
         for f in record:
             if f.name in ("data", "bare-data", "spaced", "tight"):
-                value = {"data": f.value, "bare-data": "", "spaced": " " + f.value, "tight": f.value}[f.name]
+                # `data:` + a value that starts with a space is `data: v`: that space is stripped.
+                tight = f.value[1:] if f.value.startswith(" ") else f.value
+                value = {"data": f.value, "bare-data": "", "spaced": " " + f.value, "tight": tight}[f.name]
                 data = value if data is None else data + "\n" + value
             elif f.name == "event":
                 event = f.value

@@ -70,8 +70,13 @@ class NatsLink:
         return self.connected.is_set() and bool(self.nc.is_connected)
 
     async def start(self) -> None:
+        """Start connecting; wait for the first connection up to `bus.connect_timeout_ms`, so the
+        first requests after start find the bus (a Gemini cache miss must reach gemini-cache),
+        then go on connecting in the background when NATS is not there yet."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._connect(), name="nats-connect")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.connected.wait(), self._cfg.connect_timeout_ms / 1000)
 
     async def _connect(self) -> None:
         await connect_client(self.nc, self._cfg, url=self._url, name=self._name)
