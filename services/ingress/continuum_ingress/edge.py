@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from continuum_common.config.router import Server
+from continuum_ingress.asgi import DISCONNECT_HOOK, DisconnectHook
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._body_seen = 0.0  # loop time of the last body byte
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        self._disconnect = DisconnectHook()  # in every request's scope (asgi.DisconnectWatch)
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -160,6 +162,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        self._disconnect.fire()
         if self._client_key is not None:
             self._guard.release(self._client_key)
             self._client_key = None
@@ -217,6 +220,7 @@ class EdgeProtocol(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
         super().on_headers_complete()
+        self.scope[DISCONNECT_HOOK] = self._disconnect
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

@@ -18,7 +18,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from continuum_common.tracing import Tracing
-from continuum_ingress.asgi import Channel, ClientGone, DisconnectWatch, Receive, Scope, Send, read_body, read_headers
+from continuum_ingress.asgi import (
+    DISCONNECT_HOOK,
+    Channel,
+    ClientGone,
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    read_headers,
+)
 from continuum_ingress.cache.facade import CacheLookup, CacheStatus
 from continuum_ingress.cache.protocol.entry import CachedResponse
 from continuum_ingress.config_holder import ConfigHolder
@@ -99,7 +109,7 @@ class ForwardEndpoint:
             )
             if rtrace is not None:
                 state.trace = rtrace.describe(request.model, request.stream, info.request_id)
-            with DisconnectWatch(receive, channel) as watch:
+            with DisconnectWatch(receive, channel, scope.get(DISCONNECT_HOOK)) as watch:
                 try:
                     await self._serve(state, snapshot, channel)
                 except RequestError as error:

@@ -13,6 +13,7 @@ Label values are bounded: endpoints and outcomes are enums, backends are configu
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -157,6 +158,7 @@ class IngressMetrics:
             registry=r,
         )
         self._rejected = {(e, x): rejected.labels(e, x) for e in ENDPOINTS for x in REJECT_REASONS}
+        self._backend_children: dict[tuple[str, str], Any] = {}
         self._backend_requests = Counter(
             "continuum_backend_requests", "Upstream attempts by backend and outcome", ["backend", "outcome"], registry=r
         )
@@ -184,7 +186,12 @@ class IngressMetrics:
         self._rejected[(endpoint, reason)].inc()
 
     def backend(self, backend: str, outcome: str) -> None:
-        self._backend_requests.labels(backend, outcome).inc()
+        # Children are cached: labels() takes a lock and builds its key on every call. Backend
+        # names are configured names, so the cache is bounded like the label values.
+        child = self._backend_children.get((backend, outcome))
+        if child is None:
+            child = self._backend_children[(backend, outcome)] = self._backend_requests.labels(backend, outcome)
+        child.inc()
 
     def retry(self, reason: str) -> None:
         self._retries[reason].inc()
