@@ -65,6 +65,9 @@ def test_malformed_json(raw: bytes, code: str) -> None:
         ({"model": "m", "messages": ["hi"]}, "messages[0]"),
         ({"model": "m", "messages": [{"content": "x"}]}, "messages[0].role"),
         ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"model": "m", "messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
+        ({"model": "m", "messages": [{"role": {"a": 1}, "content": "x"}]}, "messages[0].role"),
+        ({"model": "m", "messages": [{"role": "user"}, {"role": 5}]}, "messages[1].role"),
         ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"model": "m", "messages": [{"role": "user", "content": ["x"]}]}, "messages[0].content[0]"),
         ({**CHAT, "stream": "yes"}, "stream"),
@@ -78,6 +81,10 @@ def test_malformed_json(raw: bytes, code: str) -> None:
         ({**CHAT, "tools": [1]}, "tools[0]"),
         ({**CHAT, "user": 3}, "user"),
         ({**CHAT, "cache_salt": 3}, "cache_salt"),
+        ({**CHAT, "top_logprobs": 21}, "top_logprobs"),
+        ({**CHAT, "response_format": "json"}, "response_format"),
+        ({**CHAT, "tool_choice": 3}, "tool_choice"),
+        ({**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
     ],
 )
 def test_chat_rejects_with_param(body: dict[str, object], param: str) -> None:
@@ -89,6 +96,10 @@ def test_chat_rejects_with_param(body: dict[str, object], param: str) -> None:
     [
         (Api.COMPLETIONS, {"model": "m"}, "prompt"),
         (Api.COMPLETIONS, {"model": "m", "prompt": [1, "a"]}, "prompt[1]"),
+        (Api.COMPLETIONS, {"model": "m", "prompt": "a", "best_of": 0}, "best_of"),
+        (Api.COMPLETIONS, {"model": "m", "prompt": "a", "echo": "no"}, "echo"),
+        (Api.COMPLETIONS, {"model": "m", "prompt": "a", "max_tokens": -1}, "max_tokens"),
+        (Api.COMPLETIONS, {"model": "m", "prompt": "a", "temperature": 9}, "temperature"),
         (Api.EMBEDDINGS, {"model": "m"}, "input"),
         (Api.EMBEDDINGS, {"model": "m", "input": []}, "input"),
         (Api.EMBEDDINGS, {"model": "m", "input": "x", "encoding_format": "hex"}, "encoding_format"),

@@ -13,7 +13,6 @@ Label values are bounded: endpoints and outcomes are enums, backends are configu
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -21,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from continuum_common.ring import RouteLabel
 from continuum_ingress.hyperloglog import HyperLogLog
+from continuum_ingress.plain_metrics import PlainCounter, PlainHistogram
 from continuum_ingress.policy.scorer import HoldingTier
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import Api
@@ -38,6 +38,7 @@ BACKEND_OUTCOMES = (
     "backend_down",
     "cancelled",
 )
+STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx")
 RETRY_REASONS = ("connect_error", "server_error", "first_byte_timeout", "backend_down", "stream_error")
 
 
@@ -102,10 +103,15 @@ class IngressMetrics:
         self.registry.register(PoolCollector(pool))
 
     def _routing_metrics(self, r: CollectorRegistry) -> None:
-        prefix = Counter(
-            "continuum_prefix_routing_requests", "PrefixAwareHash selections by decision", ["strategy"], registry=r
+        # The per-request metrics are plain_metrics types (no lock per increment).
+        self._prefix = PlainCounter(
+            "continuum_prefix_routing_requests",
+            "PrefixAwareHash selections by decision",
+            ["strategy"],
+            registry=r,
+            preset=[(label.value,) for label in RouteLabel],
         )
-        self._prefix = {label: prefix.labels(label.value) for label in RouteLabel}
+        self._prefix_labels = {label: (label.value,) for label in RouteLabel}
         decisions = Counter(
             "continuum_kv_index_routing_decisions",
             "Selections in which the KV scorer ran",
@@ -136,21 +142,21 @@ class IngressMetrics:
         self.salt_echo = Counter("continuum_salt_echo_requests", "Requests sent with a cache_salt", registry=r)
 
     def _request_metrics(self, r: CollectorRegistry) -> None:
-        requests = Counter(
+        self._requests = PlainCounter(
             "continuum_ingress_requests",
             "Client requests by endpoint and status class",
             ["endpoint", "status"],
             registry=r,
+            preset=[(e, s) for e in ENDPOINTS for s in STATUS_CLASSES],
         )
-        self._requests = {(e, s): requests.labels(e, s) for e in ENDPOINTS for s in ("2xx", "3xx", "4xx", "5xx")}
-        duration = Histogram(
+        self._duration = PlainHistogram(
             "continuum_ingress_request_duration_seconds",
             "Time to the end of the response, per endpoint",
             ["endpoint"],
-            buckets=LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
             registry=r,
+            preset=[(e,) for e in ENDPOINTS],
         )
-        self._duration = {e: duration.labels(e) for e in ENDPOINTS}
         rejected = Counter(
             "continuum_ingress_rejected_requests",
             "Requests refused before reaching a backend",
@@ -158,8 +164,7 @@ class IngressMetrics:
             registry=r,
         )
         self._rejected = {(e, x): rejected.labels(e, x) for e in ENDPOINTS for x in REJECT_REASONS}
-        self._backend_children: dict[tuple[str, str], Any] = {}
-        self._backend_requests = Counter(
+        self._backend_requests = PlainCounter(
             "continuum_backend_requests", "Upstream attempts by backend and outcome", ["backend", "outcome"], registry=r
         )
         retries = Counter("continuum_ingress_retries", "Attempts retried on another backend", ["reason"], registry=r)
@@ -172,26 +177,21 @@ class IngressMetrics:
 
     # -- recording -------------------------------------------------------------------------
     def route(self, label: RouteLabel) -> None:
-        self._prefix[label].inc()
+        self._prefix.inc(self._prefix_labels[label])
         self.prefix_stats.decisions[label] += 1
 
     def prefix_seen(self, prefix_key: bytes) -> None:
         self.prefix_stats.unique.add(prefix_key)
 
     def request(self, endpoint: str, status: int, seconds: float) -> None:
-        self._requests[(endpoint, f"{min(max(status // 100, 2), 5)}xx")].inc()
-        self._duration[endpoint].observe(seconds)
+        self._requests.inc((endpoint, STATUS_CLASSES[min(max(status // 100, 2), 5) - 2]))
+        self._duration.observe((endpoint,), seconds)
 
     def rejected(self, endpoint: str, reason: str) -> None:
         self._rejected[(endpoint, reason)].inc()
 
     def backend(self, backend: str, outcome: str) -> None:
-        # Children are cached: labels() takes a lock and builds its key on every call. Backend
-        # names are configured names, so the cache is bounded like the label values.
-        child = self._backend_children.get((backend, outcome))
-        if child is None:
-            child = self._backend_children[(backend, outcome)] = self._backend_requests.labels(backend, outcome)
-        child.inc()
+        self._backend_requests.inc((backend, outcome))
 
     def retry(self, reason: str) -> None:
         self._retries[reason].inc()

@@ -69,17 +69,56 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _common_sampling(body: dict[str, Any]) -> None:
-    opt_number(body, "temperature", low=0.0, high=2.0)
-    opt_number(body, "top_p", low=0.0, high=1.0)
-    opt_number(body, "presence_penalty", low=-2.0, high=2.0)
-    opt_number(body, "frequency_penalty", low=-2.0, high=2.0)
-    opt_int(body, "n", low=1, high=MAX_CHOICES)
-    opt_int(body, "seed")
-    opt_str_or_str_array(body, "stop")
-    opt_object(body, "stream_options")
-    opt_object(body, "logit_bias")
-    opt_str(body, "cache_salt")
+Check = Callable[[dict[str, Any]], object]
+
+# The optional fields a request may carry, each with its check. A request names a few of the
+# fields, so validation walks the request's keys and checks those (not every known field).
+SAMPLING_CHECKS: dict[str, Check] = {
+    "temperature": lambda b: opt_number(b, "temperature", low=0.0, high=2.0),
+    "top_p": lambda b: opt_number(b, "top_p", low=0.0, high=1.0),
+    "presence_penalty": lambda b: opt_number(b, "presence_penalty", low=-2.0, high=2.0),
+    "frequency_penalty": lambda b: opt_number(b, "frequency_penalty", low=-2.0, high=2.0),
+    "n": lambda b: opt_int(b, "n", low=1, high=MAX_CHOICES),
+    "seed": lambda b: opt_int(b, "seed"),
+    "stop": lambda b: opt_str_or_str_array(b, "stop"),
+    "stream_options": lambda b: opt_object(b, "stream_options"),
+    "logit_bias": lambda b: opt_object(b, "logit_bias"),
+    "cache_salt": lambda b: opt_str(b, "cache_salt"),
+}
+
+
+def _tools(body: dict[str, Any]) -> None:
+    tools = opt_array(body, "tools")
+    if tools:
+        array_of_objects(tools, "tools")
+
+
+CHAT_CHECKS: dict[str, Check] = {
+    **SAMPLING_CHECKS,
+    "max_tokens": lambda b: opt_int(b, "max_tokens", low=1, high=MAX_TOKENS),
+    "max_completion_tokens": lambda b: opt_int(b, "max_completion_tokens", low=1, high=MAX_TOKENS),
+    "logprobs": lambda b: opt_bool(b, "logprobs"),
+    "top_logprobs": lambda b: opt_int(b, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS),
+    "tools": _tools,
+    "tool_choice": lambda b: opt_str_or_object(b, "tool_choice"),
+    "response_format": lambda b: opt_object(b, "response_format"),
+}
+COMPLETIONS_CHECKS: dict[str, Check] = {
+    **SAMPLING_CHECKS,
+    "max_tokens": lambda b: opt_int(b, "max_tokens", low=0, high=MAX_TOKENS),
+    "echo": lambda b: opt_bool(b, "echo"),
+    "best_of": lambda b: opt_int(b, "best_of", low=1, high=MAX_CHOICES),
+    "logprobs": lambda b: opt_int(b, "logprobs", low=0),
+    "suffix": lambda b: opt_str(b, "suffix"),
+}
+
+
+def check_fields(body: dict[str, Any], checks: dict[str, Check]) -> None:
+    """Run the check of every field of `checks` that `body` has (absent fields pass)."""
+    for key in body:
+        check = checks.get(key)
+        if check is not None:
+            check(body)
 
 
 def _chat_messages(body: dict[str, Any]) -> None:
@@ -93,41 +132,36 @@ def _chat_messages(body: dict[str, Any]) -> None:
             "Invalid value for 'messages': must contain at least one message.", param="messages", code="invalid_value"
         )
     for i, message in enumerate(messages):
-        where = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise wrong_type(where, "an object", message)
+            raise wrong_type(f"messages[{i}]", "an object", message)
         role = message.get("role")
-        if role is None:
-            raise missing(f"{where}.role")
-        if not isinstance(role, str):
-            raise wrong_type(f"{where}.role", "a string", role)
-        if role not in OPENAI_ROLES:
-            raise InvalidRequest(
-                f"Invalid value for '{where}.role': {role!r} is not one of {sorted(OPENAI_ROLES)}.",
-                param=f"{where}.role",
-                code="invalid_value",
-            )
+        if type(role) is not str or role not in OPENAI_ROLES:  # type() first: a list is unhashable
+            _bad_role(i, role)
         content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise wrong_type(f"{where}.content", "a string or an array of content parts", content)
-        if isinstance(content, list):
-            array_of_objects(content, f"{where}.content")
+        if content is not None and not isinstance(content, str):
+            if not isinstance(content, list):
+                raise wrong_type(f"messages[{i}].content", "a string or an array of content parts", content)
+            array_of_objects(content, f"messages[{i}].content")
+
+
+def _bad_role(i: int, role: object) -> None:
+    where = f"messages[{i}].role"
+    if role is None:
+        raise missing(where)
+    if not isinstance(role, str):
+        raise wrong_type(where, "a string", role)
+    raise InvalidRequest(
+        f"Invalid value for '{where}': {role!r} is not one of {sorted(OPENAI_ROLES)}.",
+        param=where,
+        code="invalid_value",
+    )
 
 
 def validate_chat(body: dict[str, Any]) -> ParsedRequest:
     model = require_model(body)
     _chat_messages(body)
     stream = opt_bool(body, "stream")
-    _common_sampling(body)
-    opt_int(body, "max_tokens", low=1, high=MAX_TOKENS)
-    opt_int(body, "max_completion_tokens", low=1, high=MAX_TOKENS)
-    opt_bool(body, "logprobs")
-    opt_int(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
-    tools = opt_array(body, "tools")
-    if tools:
-        array_of_objects(tools, "tools")
-    opt_str_or_object(body, "tool_choice")
-    opt_object(body, "response_format")
+    check_fields(body, CHAT_CHECKS)
     user = opt_str(body, "user")
     return ParsedRequest(Api.CHAT, body, model, stream, user)
 
@@ -139,12 +173,7 @@ def validate_completions(body: dict[str, Any]) -> ParsedRequest:
         raise missing("prompt")
     token_or_text_input(prompt, "prompt")
     stream = opt_bool(body, "stream")
-    _common_sampling(body)
-    opt_int(body, "max_tokens", low=0, high=MAX_TOKENS)
-    opt_bool(body, "echo")
-    opt_int(body, "best_of", low=1, high=MAX_CHOICES)
-    opt_int(body, "logprobs", low=0)
-    opt_str(body, "suffix")
+    check_fields(body, COMPLETIONS_CHECKS)
     user = opt_str(body, "user")
     return ParsedRequest(Api.COMPLETIONS, body, model, stream, user)
 
