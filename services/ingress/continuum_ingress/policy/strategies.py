@@ -35,14 +35,18 @@ class CandidateView(Protocol):
     def success_rate(self) -> float: ...
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built once per request, and a frozen dataclass's __init__ costs about four
+# times as much (one object.__setattr__ per field). Treated as immutable all the same.
+@dataclass(slots=True)
 class SelectionInput:
     model: str
     prefix_key: bytes | None
     session_key: str | None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built once per request, and a frozen dataclass's __init__ costs about four
+# times as much (one object.__setattr__ per field). Treated as immutable all the same.
+@dataclass(slots=True)
 class Choice:
     backend: str
     # Set only when PrefixAwareHash ran: the seed's prefix_hash / overflow / fallback label.
