@@ -60,3 +60,11 @@ for _starts in (True, False):
         ("place_conversation_starts", _starts),
     )
     register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=_overrides))
+
+# A larger miss penalty with two requests of slack.
+for _pen in (6.0, 10.0):
+    _name = f"continuum-kv-precise-pen{_pen:g}-slack2"
+    register_stack(
+        _name,
+        KvStack(_name, "memory", "precise", "blocks", cost=(("miss_penalty", _pen), ("load_bound_slack", 2))),
+    )
