@@ -145,10 +145,10 @@ class CoalescingTransport:
         self._pending: list[bytes] = []
         self._scheduled = False
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
-        self._pending.append(bytes(data))
+        self._pending.append(bytes(data))  # a copy: the caller may reuse a bytearray
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._flush)
