@@ -35,8 +35,7 @@ class CandidateView(Protocol):
     def success_rate(self) -> float: ...
 
 
-# Not frozen: built once per request, and a frozen dataclass's __init__ costs about four
-# times as much (one object.__setattr__ per field). Treated as immutable all the same.
+# Not frozen (built per request; a frozen dataclass costs 4x to build). Treat as immutable.
 @dataclass(slots=True)
 class SelectionInput:
     model: str
@@ -44,8 +43,7 @@ class SelectionInput:
     session_key: str | None
 
 
-# Not frozen: built once per request, and a frozen dataclass's __init__ costs about four
-# times as much (one object.__setattr__ per field). Treated as immutable all the same.
+# Not frozen (built per request; a frozen dataclass costs 4x to build). Treat as immutable.
 @dataclass(slots=True)
 class Choice:
     backend: str
