@@ -47,7 +47,7 @@ async def _never() -> dict[str, Any]:
 
 
 async def test_the_hook_cancels_the_request_when_the_connection_is_lost() -> None:
-    hook = DisconnectHook()
+    hook = DisconnectHook(asyncio.get_running_loop())
 
     async def lose() -> None:
         hook.fire()
@@ -58,7 +58,7 @@ async def test_the_hook_cancels_the_request_when_the_connection_is_lost() -> Non
 
 
 async def test_the_hook_leaves_a_finishing_response_alone() -> None:
-    hook = DisconnectHook()
+    hook = DisconnectHook(asyncio.get_running_loop())
 
     async def lose() -> None:
         hook.fire()
@@ -83,7 +83,7 @@ async def test_without_a_hook_a_watcher_waits_for_http_disconnect() -> None:
 
 @pytest.mark.parametrize("with_hook", [True, False])
 async def test_leaving_the_watch_stops_watching(with_hook: bool) -> None:
-    hook = DisconnectHook() if with_hook else None
+    hook = DisconnectHook(asyncio.get_running_loop()) if with_hook else None
     channel = Channel(_sent)
     with DisconnectWatch(_never, channel, hook) as watch:
         pass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +79,9 @@ def read_headers(headers: Sequence[tuple[bytes, bytes]]) -> RequestHeaders:
             if name == b"x-request-id":
                 request_id = _clean_id(text)
     client = ClientHeaders(bearer, x_api_key, version, beta, tuple(passthrough))
-    return RequestHeaders(client, session, length, request_id or os.urandom(12).hex())
+    # A fresh id needs to be unique, not secret: the process's Mersenne Twister (seeded from the
+    # OS, reseeded in a forked child) instead of os.urandom, a system call per request.
+    return RequestHeaders(client, session, length, request_id or f"{random.getrandbits(96):024x}")
 
 
 def too_large(limit: int) -> RequestError:
@@ -164,12 +166,15 @@ DISCONNECT_HOOK = "continuum.disconnect"
 class DisconnectHook:
     """One per client connection, set by the edge protocol in every request's scope: the
     protocol calls `fire()` when the connection is lost, which calls the callback the request
-    being served registered (requests on one connection are served one at a time)."""
+    being served registered (requests on one connection are served one at a time). It also
+    carries the connection's loop: `asyncio.current_task()` without one asks
+    `get_running_loop()`, which costs a getpid() system call on every request."""
 
-    __slots__ = ("callback",)
+    __slots__ = ("callback", "loop")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.callback: Callable[[], None] | None = None
+        self.loop = loop
 
     def fire(self) -> None:
         callback, self.callback = self.callback, None
@@ -210,10 +215,11 @@ class DisconnectWatch:
             self._target.cancel()
 
     def __enter__(self) -> DisconnectWatch:
-        self._target = asyncio.current_task()
         if self._hook is not None:
+            self._target = asyncio.current_task(self._hook.loop)
             self._hook.callback = self._on_disconnect
         else:
+            self._target = asyncio.current_task()
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
         return self
 
@@ -223,11 +229,16 @@ class DisconnectWatch:
         elif self._watcher is not None and not self._watcher.done():
             self._watcher.cancel()
 
+    @property
+    def task(self) -> asyncio.Task[Any] | None:
+        """The task the watch cancels (the one that entered it)."""
+        return self._target
+
     def absorb(self) -> bool:
         """Call from `except CancelledError`: True (and un-cancel) when the client caused it."""
         if not self.disconnected:
             return False
-        task = asyncio.current_task()
+        task = self._target
         if task is not None:
             with contextlib.suppress(AttributeError):
                 task.uncancel()

@@ -202,7 +202,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._body_seen = 0.0  # loop time of the last body byte
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
-        self._disconnect = DisconnectHook()  # in every request's scope (asgi.DisconnectWatch)
+        self._disconnect = DisconnectHook(self.loop)  # in every request's scope (asgi.DisconnectWatch)
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

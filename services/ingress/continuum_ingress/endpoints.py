@@ -110,6 +110,7 @@ class ForwardEndpoint:
             if rtrace is not None:
                 state.trace = rtrace.describe(request.model, request.stream, info.request_id)
             with DisconnectWatch(receive, channel, scope.get(DISCONNECT_HOOK)) as watch:
+                state.task = watch.task
                 try:
                     await self._serve(state, snapshot, channel)
                 except RequestError as error:

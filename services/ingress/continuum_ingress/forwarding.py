@@ -32,6 +32,7 @@ from opentelemetry.trace import Span
 from continuum_common.config import Backend
 from continuum_ingress.asgi import Channel
 from continuum_ingress.cache.facade import CacheLookup, CacheStatus
+from continuum_ingress.deadline import Deadline
 from continuum_ingress.errors import NoBackend, RequestError
 from continuum_ingress.hooks import BodyRewriter, RejectionHandler, ResponseRecorder
 from continuum_ingress.metrics import IngressMetrics
@@ -264,9 +265,11 @@ class Forwarder:
         after the prefill). Nothing has reached the client yet, so a stream whose first chunk
         does not come within `first_byte_timeout_ms`, and any request still waiting when the
         health checker takes the backend out, is retried on another backend."""
-        limit = spec.first_byte_timeout_ms / 1000 if state.stream else None
+        task = state.task or asyncio.current_task()
+        assert task is not None
+        when = task.get_loop().time() + spec.first_byte_timeout_ms / 1000 if state.stream else None
         try:
-            async with asyncio.timeout(limit) as deadline:
+            with Deadline(task, when) as deadline:
                 backend.first_byte_waits.add(deadline)
                 try:
                     response = await self._send(client, target, headers, content, backend)

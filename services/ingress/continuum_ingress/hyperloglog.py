@@ -12,7 +12,7 @@ import math
 
 
 class HyperLogLog:
-    __slots__ = ("_alpha", "_m", "_p", "_registers")
+    __slots__ = ("_alpha", "_last", "_m", "_p", "_registers")
 
     def __init__(self, p: int = 12) -> None:
         if not 4 <= p <= 16:
@@ -20,6 +20,7 @@ class HyperLogLog:
         self._p = p
         self._m = 1 << p
         self._registers = bytearray(self._m)
+        self._last = b""  # adding an item twice changes nothing: a hot prefix is skipped cheaply
         if self._m == 16:
             self._alpha = 0.673
         elif self._m == 32:
@@ -31,6 +32,9 @@ class HyperLogLog:
 
     def add(self, digest: bytes) -> None:
         """Add an item given as a uniform hash (at least 8 bytes)."""
+        if digest == self._last:
+            return
+        self._last = digest
         x = int.from_bytes(digest[:8], "big")
         index = x >> (64 - self._p)
         rest = x & ((1 << (64 - self._p)) - 1)

@@ -8,11 +8,11 @@ the adapters report outcomes, the pipeline reads it; every mutation happens on t
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Iterable
 
 from continuum_common.config import Backend
+from continuum_ingress.deadline import Deadline
 from continuum_ingress.policy.breaker import BreakerState, CircuitBreaker
 
 EWMA_ALPHA = 0.2  # weight of the newest latency sample
@@ -59,7 +59,7 @@ class BackendState:
         # The deadlines of requests waiting for this backend's first byte: when the health
         # checker takes the backend out, they expire at once (retried elsewhere or 503) instead
         # of holding their clients until a timeout (forwarding.py).
-        self.first_byte_waits: set[asyncio.Timeout] = set()
+        self.first_byte_waits: set[Deadline] = set()
 
     def reset_history(self) -> None:
         self.latency = None
@@ -126,11 +126,8 @@ class BackendState:
     def cut_first_byte_waits(self) -> int:
         """Expire every request's wait for this backend's first byte now; returns how many."""
         waits = list(self.first_byte_waits)
-        if waits:
-            now = asyncio.get_running_loop().time()
-            for deadline in waits:
-                if not deadline.expired():
-                    deadline.reschedule(now)
+        for deadline in waits:
+            deadline.expire()
         return len(waits)
 
     def record_health(self, ok: bool) -> bool:

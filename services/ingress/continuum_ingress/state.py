@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,9 @@ class RequestState:
     extras: dict[str, Any] = field(default_factory=dict)
     # The request's spans (request_trace.py); None when tracing is off.
     trace: RequestTrace | None = None
+    # The task serving the request (set by the endpoint; deadlines on the request path use it
+    # instead of looking it up, see deadline.py).
+    task: asyncio.Task[Any] | None = None
 
     def headers(self) -> dict[str, str]:
         """The request headers as a lower-case-name mapping (built on demand; the last value of

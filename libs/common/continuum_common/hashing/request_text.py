@@ -39,6 +39,8 @@ def content_text(content: Any) -> str:
 
 def _messages(body: Mapping[str, Any]) -> Sequence[Any]:
     messages = body.get("messages")
+    if type(messages) is list:  # parsed JSON: skip the ABC check below (it shows per request)
+        return messages
     if isinstance(messages, Sequence) and not isinstance(messages, str | bytes):
         return messages
     return ()
@@ -52,7 +54,7 @@ def system_text(body: Mapping[str, Any]) -> str:
         if text:
             return text
     for message in _messages(body):
-        if isinstance(message, Mapping) and message.get("role") in _SYSTEM_ROLES:
+        if (type(message) is dict or isinstance(message, Mapping)) and message.get("role") in _SYSTEM_ROLES:
             return content_text(message.get("content"))
     return ""
 
@@ -60,7 +62,7 @@ def system_text(body: Mapping[str, Any]) -> str:
 def first_message_text(body: Mapping[str, Any]) -> str:
     """The first non-system message's text, or a completions `prompt` string."""
     for message in _messages(body):
-        if isinstance(message, Mapping) and message.get("role") not in _SYSTEM_ROLES:
+        if (type(message) is dict or isinstance(message, Mapping)) and message.get("role") not in _SYSTEM_ROLES:
             return content_text(message.get("content"))
     prompt = body.get("prompt")
     if isinstance(prompt, str):

@@ -209,8 +209,20 @@ class Response:
             await conn.wait(self.read_timeout)
 
     async def read(self) -> bytes:
-        parts = [chunk async for chunk in self.stream()]
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        # The loop of stream() without its async generator (each one registers with the loop's
+        # generator hooks, a measurable cost per request).
+        conn = self._conn
+        parts: list[bytes] = []
+        while True:
+            if conn.buffered or conn._chunks:
+                parts.append(conn.take())
+            elif conn.complete:
+                self._done = True
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            elif conn.error is not None:
+                raise conn.error
+            else:
+                await conn.wait(self.read_timeout)
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None  # type: ignore[assignment]
