@@ -134,6 +134,20 @@ def test_truncation_always_yields_valid_utf8_prefix(text: str, limit: int) -> No
         assert len(cut) + len(rest[0].encode()) > limit
 
 
+@given(st.text(min_size=1), st.integers(min_value=1, max_value=64))
+def test_the_key_covers_the_first_max_prefix_length_bytes_of_the_whole_text(text: str, limit: int) -> None:
+    body = {"model": "m", "messages": [{"role": "system", "content": text}]}
+    # Expected from the whole text's encoding, cut at a character boundary by hand.
+    data = text.encode()
+    kept = b""
+    for char in text:
+        if len(kept) + len(char.encode()) > limit:
+            break
+        kept += char.encode()
+    assert data.startswith(kept)
+    assert request_prefix_key(body, enabled=True, max_prefix_length=limit) == sha(b"m\x00S" + kept)
+
+
 def test_completions_prompt_is_the_first_message() -> None:
     assert request_prefix_key({"model": "m", "prompt": "Once upon"}, enabled=True) == sha(b"m\x00MOnce upon")
 

@@ -23,7 +23,9 @@ def prefix_key_from_text(model: str, text: str, *, tag: bytes, max_prefix_length
     """Digest of (model, tag, text[:max_prefix_length]); None when `text` is empty."""
     if not text:
         return None
-    data = truncate_utf8(text.encode("utf-8"), max_prefix_length)
+    # The first max_prefix_length characters encode to at least as many bytes as are kept, so
+    # a long system prompt is not encoded whole to keep its first KiB.
+    data = truncate_utf8(text[:max_prefix_length].encode("utf-8"), max_prefix_length)
     return hashlib.sha256(model.encode("utf-8") + b"\x00" + tag + data).digest()
 
 
