@@ -17,9 +17,8 @@ def _task() -> asyncio.Task[object]:
 
 async def test_a_passed_deadline_ends_the_section_in_timeout_error() -> None:
     task = _task()
-    with pytest.raises(TimeoutError):
-        with Deadline(task, task.get_loop().time() + 0.01) as deadline:
-            await asyncio.sleep(5)
+    with pytest.raises(TimeoutError), Deadline(task, task.get_loop().time() + 0.01) as deadline:
+        await asyncio.sleep(5)
     assert deadline.expired()
     assert task.cancelling() == 0  # our cancellation was withdrawn
 
@@ -28,9 +27,8 @@ async def test_expire_cuts_a_section_without_a_deadline() -> None:
     task = _task()
     deadline = Deadline(task, None)
     task.get_loop().call_later(0.01, deadline.expire)
-    with pytest.raises(TimeoutError):
-        with deadline:
-            await asyncio.sleep(5)
+    with pytest.raises(TimeoutError), deadline:
+        await asyncio.sleep(5)
     assert task.cancelling() == 0
 
 
@@ -75,9 +73,8 @@ async def test_both_cancelled_is_a_cancellation() -> None:
 
 async def test_an_error_inside_the_section_passes_through() -> None:
     task = _task()
-    with pytest.raises(ValueError):
-        with Deadline(task, task.get_loop().time() + 5) as deadline:
-            raise ValueError("not ours")
+    with pytest.raises(ValueError), Deadline(task, task.get_loop().time() + 5) as deadline:
+        raise ValueError("not ours")
     assert not deadline.expired()
     await asyncio.sleep(0.01)
     assert task.cancelling() == 0

@@ -203,3 +203,28 @@ def test_the_bound_slack_keeps_a_home_that_is_one_request_busier() -> None:
     assert load_bound(cands, 1.0, 1) == 3
     moved = choose_by_cost(5200, cands, held, CostParams(epsilon=1.0, bound_slack=1))
     assert moved is not None and moved.backend != "b0"
+
+
+def test_the_miss_penalty_and_the_placement_penalty_are_separate() -> None:
+    """The miss penalty decides when a queue moves a conversation off its home; the placement
+    penalty how strongly new work follows what a candidate holds. One does not move the other."""
+    from dataclasses import replace
+
+    # b1 holds 8,000 of 10,000 tokens but has 40,000 prefill tokens queued; b0 holds nothing.
+    held = {"b1": Held(8000, 8000)}
+    cands = loads(1, 1, queued=(0, 40_000))
+    low = choose_by_cost(10_000, cands, held, replace(P, miss_penalty=3.0, placement_miss_penalty=3.0))
+    assert low is not None and low.backend == "b0" and low.moved == "cost"  # 10,000 x 4 < 40,000 + 2,000 x 4
+    high = choose_by_cost(10_000, cands, held, replace(P, miss_penalty=10.0, placement_miss_penalty=3.0))
+    assert high is not None and high.backend == "b1" and high.moved is None  # 10,000 x 11 > 40,000 + 2,000 x 11
+    # A conversation start: b0 holds its 1,000-token system prompt but took 6,000 more tokens
+    # of new work recently than b1. Placement weighs (1 + placement penalty) x 1,000 against it.
+    held = {"b0": Held(1000, 1000)}
+    cands = [CandidateLoad("b0", 0, demand=16_000), CandidateLoad("b1", 0, demand=10_000)]
+    for miss in (3.0, 10.0):
+        spread = choose_by_cost(
+            1080, cands, held, replace(P, miss_penalty=miss, placement_miss_penalty=3.0), start=True
+        )
+        assert spread is not None and spread.backend == "b1"  # 16,000 + 4 x 80 > 10,000 + 4 x 1,080
+    kept = choose_by_cost(1080, cands, held, replace(P, placement_miss_penalty=10.0), start=True)
+    assert kept is not None and kept.backend == "b0"  # 16,000 + 11 x 80 < 10,000 + 11 x 1,080

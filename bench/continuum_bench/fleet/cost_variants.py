@@ -2,7 +2,9 @@
 (`--plugin continuum_bench.fleet.cost_variants`). Each name spells its overrides of
 `kv_cache_index.scoring.cost`: `pen<miss_penalty>`, `eps<load_factor_epsilon>`; `nostarts`
 turns off the placement of conversation starts, `noload` the shared load view between replicas,
-`slack<n>` sets `load_bound_slack`, `req<n>` `placement_request_tokens`.
+`slack<n>` sets `load_bound_slack`, `req<n>` `placement_request_tokens`. `pen<n>` sets only
+`miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
+were separate charged placement `pen<n>` too).
 
     continuum-router bench compare --plugin continuum_bench.fleet.cost_variants --workloads trace \\
         --routers continuum-kv-precise-pen1-eps0.25,continuum-kv-precise-pen3-eps1 ...
@@ -60,6 +62,11 @@ for _starts in (True, False):
         ("place_conversation_starts", _starts),
     )
     register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=_overrides))
+
+# A larger miss penalty alone (placement unchanged).
+for _pen in (6.0, 10.0):
+    _name = f"continuum-kv-precise-pen{_pen:g}"
+    register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=(("miss_penalty", _pen),)))
 
 # A larger miss penalty with two requests of slack.
 for _pen in (6.0, 10.0):

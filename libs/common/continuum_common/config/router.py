@@ -159,6 +159,10 @@ class CostModel(Section):
     # pure time to first token; higher values keep conversations home under heavier load
     # (3 kept the most hits without losing TTFT on the public conversation trace).
     miss_penalty: float = Field(3.0, ge=0.0, le=100.0)
+    # The same charge in the placement of new work (below), where it weighs what a candidate
+    # does not hold of a new conversation (its system prompt) against recent demand: higher
+    # values keep new conversations with their system prompt's holder at the cost of balance.
+    placement_miss_penalty: float = Field(3.0, ge=0.0, le=100.0)
     # A request whose best candidate holds less than this fraction of its prompt is new work
     # (a new conversation under a shared system prompt): it goes where the least new prompt
     # was sent recently, so conversations spread over every backend's cache, instead of to

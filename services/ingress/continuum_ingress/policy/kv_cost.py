@@ -23,7 +23,7 @@ A request whose best candidate holds less than `affinity_threshold` of its promp
 chat conversation (`start`: no earlier answer in it), whatever it holds, since its backend is
 where every later turn will go: it is *placed* instead, on the eligible candidate that was given
 the least new prompt recently (`demand`, decayed, per unit of weight) plus what it would prefill
-there, so conversations spread over every backend's cache rather than piling onto whoever holds
+there (charged `placement_miss_penalty` like a miss), so conversations spread over every backend's cache rather than piling onto whoever holds
 their shared head.
 
 `seed` is the seed's composite score over the same holdings (policy/kv_scoring.py's formula with
@@ -86,6 +86,7 @@ class CostParams:
     affinity_threshold: float = 0.3
     miss_penalty: float = 3.0
     bound_slack: int = 0
+    placement_miss_penalty: float = 3.0
 
     @classmethod
     def from_config(cls, cfg: CostModel, default_epsilon: float) -> CostParams:
@@ -97,6 +98,7 @@ class CostParams:
             affinity_threshold=cfg.affinity_threshold,
             miss_penalty=cfg.miss_penalty,
             bound_slack=cfg.load_bound_slack,
+            placement_miss_penalty=cfg.placement_miss_penalty,
         )
 
 
@@ -208,7 +210,7 @@ def _place(
     busier by more than its history is worth."""
     n = len(eligible)
     best: tuple[float, int, CandidateLoad] | None = None
-    weight = 1.0 + params.miss_penalty
+    weight = 1.0 + params.placement_miss_penalty
     for i, c in enumerate(eligible):
         fresh = new_tokens(prompt_tokens, held.get(c.name, NOTHING), params)
         load = (c.demand + c.queued_tokens) / max(c.weight, 1) + fresh * weight
