@@ -28,6 +28,16 @@ class Pipe:
                 os.close(fd)
 
 
+@pytest.fixture(autouse=True)
+def sighup_default() -> Iterator[None]:
+    """Each test starts with SIGHUP's default disposition, whatever the runner inherited (a
+    suite started under nohup ignores SIGHUP, which TerminalWatch rightly reads as "never
+    lost")."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
 @pytest.fixture
 def pipe() -> Iterator[Pipe]:
     made = Pipe()
