@@ -114,8 +114,11 @@ async def test_a_second_up_is_refused_and_sighup_reloads_without_touching_the_en
 
 # Runs the rest of its command line with stdin (a pty) as its controlling terminal, as a login
 # shell's job has one.
+# Takes the pty as controlling terminal and restores SIGHUP's default disposition (a suite run
+# under nohup would pass SIG_IGN on, and `up` rightly never stops on a hang-up then).
 _WITH_CTTY = (
-    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execvp(sys.argv[1], sys.argv[1:])"
+    "import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "signal.signal(signal.SIGHUP, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
 )
 
 

@@ -19,7 +19,7 @@ class Deadline:
     """Use as `with Deadline(task, when):` inside `task`; `when` is a loop time or None (no
     deadline, but `expire()` still cuts the section short)."""
 
-    __slots__ = ("_expired", "_handle", "_inside", "_task", "_when")
+    __slots__ = ("_cancelling", "_expired", "_handle", "_inside", "_task", "_when")
 
     def __init__(self, task: asyncio.Task[Any], when: float | None) -> None:
         self._task = task
@@ -27,9 +27,11 @@ class Deadline:
         self._handle: asyncio.TimerHandle | None = None
         self._expired = False
         self._inside = False
+        self._cancelling = 0
 
     def __enter__(self) -> Deadline:
         self._inside = True
+        self._cancelling = self._task.cancelling()  # cancellations already pending are not ours
         if self._when is not None:
             self._handle = self._task.get_loop().call_at(self._when, self.expire)
         return self
@@ -42,8 +44,9 @@ class Deadline:
             self._handle.cancel()
             self._handle = None
         # Our cancellation is withdrawn whatever the section ended with; it becomes a
-        # TimeoutError only when it is what ended the section and nobody else cancelled too.
-        if self._expired and self._task.uncancel() == 0 and exc_type is asyncio.CancelledError:
+        # TimeoutError only when it is what ended the section and nobody else cancelled since
+        # the section began.
+        if self._expired and self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc
 
     def expire(self) -> None:
