@@ -195,34 +195,30 @@ class Response:
         self.status = conn.status
         self.headers = conn.headers
 
-    async def stream(self) -> AsyncIterator[bytes]:
+    async def _next_chunk(self) -> bytes | None:
+        """The next piece of the body as it arrives; None at its end."""
         conn = self._conn
         while True:
             if conn.buffered or conn._chunks:
-                yield conn.take()
-                continue
+                return conn.take()
             if conn.complete:
                 self._done = True
-                return
+                return None
             if conn.error is not None:
                 raise conn.error
             await conn.wait(self.read_timeout)
 
+    async def stream(self) -> AsyncIterator[bytes]:
+        while (chunk := await self._next_chunk()) is not None:
+            yield chunk
+
     async def read(self) -> bytes:
-        # The loop of stream() without its async generator (each one registers with the loop's
-        # generator hooks, a measurable cost per request).
-        conn = self._conn
+        # Not through stream(): an async generator registers with the loop's generator hooks,
+        # a measurable cost on every non-streamed request.
         parts: list[bytes] = []
-        while True:
-            if conn.buffered or conn._chunks:
-                parts.append(conn.take())
-            elif conn.complete:
-                self._done = True
-                return parts[0] if len(parts) == 1 else b"".join(parts)
-            elif conn.error is not None:
-                raise conn.error
-            else:
-                await conn.wait(self.read_timeout)
+        while (chunk := await self._next_chunk()) is not None:
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None  # type: ignore[assignment]

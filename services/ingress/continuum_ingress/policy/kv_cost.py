@@ -23,8 +23,8 @@ A request whose best candidate holds less than `affinity_threshold` of its promp
 chat conversation (`start`: no earlier answer in it), whatever it holds, since its backend is
 where every later turn will go: it is *placed* instead, on the eligible candidate that was given
 the least new prompt recently (`demand`, decayed, per unit of weight) plus what it would prefill
-there (charged `placement_miss_penalty` like a miss), so conversations spread over every backend's cache rather than piling onto whoever holds
-their shared head.
+there (charged `placement_miss_penalty` like a miss), so conversations spread over every
+backend's cache rather than piling onto whoever holds their shared head.
 
 `seed` is the seed's composite score over the same holdings (policy/kv_scoring.py's formula with
 raw_overlap = tokens held / most held by any candidate), deciding only above 0.3.
