@@ -116,6 +116,13 @@ async def anthropic_client(fleet: SimFleet) -> AsyncIterator[anthropic.AsyncAnth
 async def test_anthropic_messages_stream_and_non_stream(anthropic_client: anthropic.AsyncAnthropic) -> None:
     client = anthropic_client
     system = [{"type": "text", "text": SYSTEM}]
+    # The system prompt's blocks are cached by this first request, whichever test ran before.
+    await client.messages.create(
+        model=MODEL,
+        max_tokens=1,
+        system=system,
+        messages=[{"role": "user", "content": "Hello."}],  # type: ignore[arg-type]
+    )
     msg = await client.messages.create(
         model=MODEL,
         max_tokens=8,
@@ -125,7 +132,7 @@ async def test_anthropic_messages_stream_and_non_stream(anthropic_client: anthro
     assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 8
     assert (
         msg.usage.cache_read_input_tokens is not None and msg.usage.cache_read_input_tokens > 0
-    )  # system shared with the OpenAI test
+    )  # the system prompt cached by the request above
     async with client.messages.stream(
         model=MODEL,
         max_tokens=8,
