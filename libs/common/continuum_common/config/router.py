@@ -323,6 +323,10 @@ class MatchGroup(Section):
     chat_template: str | None = None
     tokenize_path: str = "/tokenize"
     tokenize_timeout_ms: int = Field(200, ge=1, le=60_000)
+    # Without a local tokenizer: block hashes of earlier /tokenize answers remembered by
+    # conversation prefix (at most this many hashes, 8 bytes each), so a new turn or a request
+    # sharing its first messages is matched without a call on its path. 0: every request asks.
+    tokenize_memory_blocks: int = Field(1_000_000, ge=0, le=100_000_000)
     approximate: ApproximateMatching = ApproximateMatching()
 
     @model_validator(mode="after")

@@ -49,6 +49,15 @@ class KvScorerMetrics:
             ["group", "result"],
             registry=r,
         )
+        self.remote_tokenize = Counter(
+            "continuum_kv_remote_tokenize",
+            "Precise requests without a local tokenizer, by how their tokens were found (request: a"
+            " /tokenize call on the request's path; known, known_prefix: remembered by conversation"
+            " prefix, no call), and off-path /tokenize calls (background, background_skipped,"
+            " background_failed)",
+            ["group", "how"],
+            registry=r,
+        )
         self.block_read_errors = Counter(
             "continuum_kv_block_index_read_errors",
             "Block index reads that failed or were skipped after a recent failure",

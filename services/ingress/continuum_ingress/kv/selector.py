@@ -35,8 +35,9 @@ from continuum_common.wire.decisions import KIND_APPROXIMATE, KIND_SPECULATIVE, 
 from continuum_ingress.kv.audit import TokenizerAudit
 from continuum_ingress.kv.block_reads import BlockReads
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, build_groups
+from continuum_ingress.kv.known_prefixes import RemoteTokens
 from continuum_ingress.kv.scorer import KvOverlapScorer
-from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
+from continuum_ingress.kv.tokenize import TokenizeFailed
 from continuum_ingress.policy.kv_cost import (
     CandidateLoad,
     CostParams,
@@ -107,6 +108,15 @@ class KvSelector:
             for g in self.groups.values()
             if g.encoder is not None
         }
+        self.remote = {
+            g.name: RemoteTokens(
+                g,
+                lambda group, how: metrics.remote_tokenize.labels(group, how).inc(),
+                max_blocks=g.config.tokenize_memory_blocks,
+            )
+            for g in self.groups.values()
+            if g.mode == "precise" and g.encoder is None and g.config is not None and g.hasher is not None
+        }
         self.timeout_s = 0.1 + max(
             (g.config.tokenize_timeout_ms / 1000 for g in self.groups.values() if g.config is not None), default=0.0
         )
@@ -175,26 +185,17 @@ class KvSelector:
             if audit is not None and client is not None and audit.due():
                 audit.start(client, api=state.api, body=state.request.body, model=state.model, expected=keys.chain)
             return keys
-        cfg = group.config
-        assert cfg is not None
+        remote = self.remote.get(group.name)
         # the least busy member tokenizes (the call costs it a little CPU)
         asked = min(members, key=lambda m: m.in_flight).name
         client = snapshot.clients.get(asked)
-        if client is None:
+        if client is None or remote is None:
             return group.approximate_keys(state, "tokenize_failed")
         try:
-            tokens = await remote_tokens(
-                client,
-                cfg.tokenize_path,
-                api=state.api,
-                body=state.request.body,
-                model=state.model,
-                timeout_s=cfg.tokenize_timeout_ms / 1000,
-            )
+            return await remote.keys(state, client)
         except TokenizeFailed as exc:
             log.debug("tokenize on %s failed: %s", asked, exc)
             return group.approximate_keys(state, "tokenize_failed")
-        return group.keys_from_tokens(state, tokens)
 
     async def _held(
         self, group: GroupRuntime, keys: RequestKeys, state: RequestState, members: Sequence[BackendState], plan: _Plan
@@ -324,9 +325,13 @@ class KvSelector:
     async def aclose(self) -> None:
         for audit in self.audits.values():
             await audit.aclose()
+        for remote in self.remote.values():
+            await remote.aclose()
 
     def clear(self) -> None:
         self.demand.clear()
+        for remote in self.remote.values():
+            remote.clear()
         for group in self.groups.values():
             group.memory.clear()
             if group.fallback_memory is not None:

@@ -28,10 +28,21 @@ class TokenizeFailed(Exception):
     """The backend's /tokenize did not give usable token ids."""
 
 
-def tokenize_body(api: Api, body: Mapping[str, Any], model: str) -> dict[str, Any]:
+def tokenize_body(
+    api: Api,
+    body: Mapping[str, Any],
+    model: str,
+    *,
+    messages: list[dict[str, Any]] | None = None,
+    generation: bool = True,
+) -> dict[str, Any]:
+    """The /tokenize request for `body`; `messages` (already in chat_messages' form) replaces
+    the request's own, for the leading messages of a conversation (then usually without the
+    generation prompt)."""
     if api is Api.COMPLETIONS:
         return {"model": model, "prompt": body.get("prompt", ""), "add_special_tokens": True}
-    out: dict[str, Any] = {"model": model, "messages": chat_messages(api, body), "add_generation_prompt": True}
+    chat = chat_messages(api, body) if messages is None else messages
+    out: dict[str, Any] = {"model": model, "messages": chat, "add_generation_prompt": generation}
     if body.get("tools"):
         out["tools"] = body["tools"]
     if isinstance(body.get("chat_template_kwargs"), Mapping):
@@ -53,9 +64,17 @@ def parse_tokens(data: bytes) -> list[int]:
 
 
 async def remote_tokens(
-    client: Upstream, path: str, *, api: Api, body: Mapping[str, Any], model: str, timeout_s: float
+    client: Upstream,
+    path: str,
+    *,
+    api: Api,
+    body: Mapping[str, Any],
+    model: str,
+    timeout_s: float,
+    messages: list[dict[str, Any]] | None = None,
+    generation: bool = True,
 ) -> list[int]:
-    content = orjson.dumps(tokenize_body(api, body, model))
+    content = orjson.dumps(tokenize_body(api, body, model, messages=messages, generation=generation))
     try:
         async with asyncio.timeout(timeout_s):
             response = await client.transport.request("POST", path, _HEADERS, content, read_timeout=timeout_s)

@@ -1,0 +1,123 @@
+"""Precise matching without a local tokenizer, inside a real ingress in front of real simulated
+engines over loopback HTTP: the engines' /tokenize gives the token ids, and what it answered is
+remembered by conversation prefix so a new turn, or a request sharing its first messages, is
+matched without a call on its path (docs/kv-scorer.md, "Matching modes")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from continuum_common.hashing.blocks import make_block_hasher
+from continuum_common.procs import NatsServer
+from continuum_ingress.kv.known_prefixes import conversation_digests
+from continuum_sim import SimFleet
+from continuum_testing.ingress_harness import RunningIngress, running_ingress
+
+SYSTEM = {"role": "system", "content": "You answer questions about the attached quarterly report. " * 30}
+
+
+def config(fleet: SimFleet, nats_url: str, **group: Any) -> dict[str, Any]:
+    e = fleet.endpoints[0]
+    spec = {"name": "fleet", "models": [e.model], "mode": "precise", "engine": "vllm"}
+    spec.update(block_size=e.block_size, hash_seed=e.python_hash_seed, **group)
+    backends = [
+        {"name": f"e{i}", "url": ep.url, "type": "vllm", "models": [ep.model], "health_check_interval_ms": 100}
+        for i, ep in enumerate(fleet.endpoints)
+    ]
+    return {
+        "backends": backends,
+        "selection_strategy": "RoundRobin",
+        "prefix_routing": {"enabled": True},
+        "bus": {"embedded": False, "url": nats_url, "request_timeout_ms": 500},
+        "kv_cache_index": {"enabled": True, "backend": "memory", "groups": [spec]},
+    }
+
+
+@asynccontextmanager
+async def stack(nats_url: str, **group: Any) -> AsyncIterator[tuple[SimFleet, RunningIngress, httpx.AsyncClient]]:
+    async with SimFleet(2, time_scale=0.001) as fleet, running_ingress(config(fleet, nats_url, **group)) as ing:
+        assert ing.app.kv is not None
+        async with asyncio.timeout(10):
+            await ing.app.kv.ready.wait()
+        async with httpx.AsyncClient(base_url=ing.url, timeout=10) as client:
+            yield fleet, ing, client
+
+
+def how(ing: RunningIngress, label: str) -> float:
+    sample = ing.app.metrics.registry.get_sample_value
+    return sample("continuum_kv_remote_tokenize_total", {"group": "fleet", "how": label}) or 0.0
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+async def ask(client: httpx.AsyncClient, model: str, messages: list[dict[str, str]]) -> str:
+    r = await client.post("/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    return r.headers["x-continuum-backend"]
+
+
+async def engine_chain(fleet: SimFleet, messages: list[dict[str, str]], generation: bool) -> list[int]:
+    """The block hashes the engine computes for `messages`, from its own /tokenize."""
+    e = fleet.endpoints[0]
+    async with httpx.AsyncClient(timeout=10) as c:
+        body = {"model": e.model, "messages": messages, "add_generation_prompt": generation}
+        tokens = (await c.post(f"{e.url}/tokenize", json=body)).json()["tokens"]
+    hasher = make_block_hasher("vllm", e.block_size, hash_seed=e.python_hash_seed)
+    return [hasher.wire(d) for d in hasher.chain(tokens)]
+
+
+async def test_siblings_and_next_turns_are_matched_without_a_call_on_their_path(nats_server: NatsServer) -> None:
+    async with stack(nats_server.url) as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+        first = [SYSTEM, {"role": "user", "content": "What was the revenue?"}]
+        home = await ask(client, model, first)
+        assert how(ing, "request") == 1
+        # off the path, the request without its last message (what siblings share) is learnt
+        await eventually(lambda: how(ing, "background") == 1)
+        selector = ing.app.kv.selector  # type: ignore[union-attr]
+        known = selector.remote["fleet"].known
+        assert known is not None
+        digests, _ = conversation_digests({"model": model}, model, [SYSTEM])
+        found = known.find(digests)
+        assert found is not None
+        assert found[1].chain.tolist() == await engine_chain(fleet, [SYSTEM], generation=False)
+
+        # a sibling (same system prompt, another question): no call on its path, same engine
+        # (RoundRobin would have sent it to the other one), its own messages learnt off the path
+        sibling = [SYSTEM, {"role": "user", "content": "And the costs?"}]
+        assert await ask(client, model, sibling) == home
+        assert how(ing, "request") == 1 and how(ing, "known_prefix") == 1
+        await eventually(lambda: how(ing, "background") == 2)
+
+        # the sibling's next turn lacks two messages from what was learnt: matched, no call
+        turn2 = [*sibling, {"role": "assistant", "content": "Lower."}, {"role": "user", "content": "Why?"}]
+        assert await ask(client, model, turn2) == home
+        assert how(ing, "request") == 1 and how(ing, "known_prefix") == 2
+
+        # an exact repeat: the remembered answer is the request's whole chain
+        assert await ask(client, model, first) == home
+        assert how(ing, "known") == 1 and how(ing, "request") == 1
+
+        # nothing close is known (a different system prompt): asked on the path again
+        other = [{"role": "system", "content": "Another assistant. " * 40}, {"role": "user", "content": "Hi"}]
+        await ask(client, model, other)
+        assert how(ing, "request") == 2
+        assert how(ing, "background_failed") == 0 and how(ing, "background_skipped") == 0
+
+
+async def test_with_the_memory_off_every_request_asks_on_its_path(nats_server: NatsServer) -> None:
+    async with stack(nats_server.url, tokenize_memory_blocks=0) as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+        for question in ("One?", "Two?", "One?"):
+            await ask(client, model, [SYSTEM, {"role": "user", "content": question}])
+        assert how(ing, "request") == 3
+        assert how(ing, "known") == how(ing, "known_prefix") == how(ing, "background") == 0

@@ -1,0 +1,72 @@
+"""Remembered remote tokenizations: digests per message prefix, the store's reach and bounds."""
+
+from __future__ import annotations
+
+from array import array
+
+from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, conversation_digests
+
+SYS = {"role": "system", "content": "You answer questions about the report."}
+U1 = {"role": "user", "content": "What is on page one?"}
+A1 = {"role": "assistant", "content": "A table."}
+U2 = {"role": "user", "content": "And on page two?"}
+
+
+def known(blocks: int, tokens: int = 0) -> Known:
+    return Known(array("Q", range(1, blocks + 1)), tokens or blocks * 16, 100)
+
+
+def test_every_prefix_has_the_digest_of_the_shorter_request() -> None:
+    body = {"model": "m"}
+    turn2, sizes = conversation_digests(body, "m", [SYS, U1, A1, U2])
+    turn1, _ = conversation_digests(body, "m", [SYS, U1])
+    assert turn2[:2] == turn1
+    assert len(set(turn2)) == 4
+    assert sizes[0] == len(b'{"content":"You answer questions about the report.","role":"system"}')
+
+
+def test_what_changes_the_rendering_changes_every_digest() -> None:
+    base, _ = conversation_digests({}, "m", [SYS, U1])
+    for body, model in (
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "m"),
+        ({"chat_template_kwargs": {"enable_thinking": False}}, "m"),
+        ({"cache_salt": "tenant-a"}, "m"),
+        ({}, "other-model"),
+    ):
+        other, _ = conversation_digests(body, model, [SYS, U1])
+        assert not set(other) & set(base), (body, model)
+
+
+def test_key_order_inside_a_message_does_not_matter() -> None:
+    a, _ = conversation_digests({}, "m", [{"role": "user", "content": "hi"}])
+    b, _ = conversation_digests({}, "m", [{"content": "hi", "role": "user"}])
+    assert a == b
+
+
+def test_find_takes_the_longest_prefix_within_reach() -> None:
+    store = KnownPrefixes(1000)
+    digests, _ = conversation_digests({}, "m", [SYS, U1, A1, U2, A1, U2])
+    store.put(digests[0], known(3))
+    assert store.find(digests[:1]) == (1, known(3))  # the whole request
+    assert store.find(digests[:3]) == (1, known(3))  # two messages past it
+    assert store.find(digests[:4]) is None  # three: too far, ask on the path
+    store.put(digests[3], known(5))
+    assert store.find(digests) == (4, known(5))
+    assert store.find(digests, reach=1) is None
+
+
+def test_the_store_is_bounded_by_the_blocks_it_holds_least_recent_first() -> None:
+    store = KnownPrefixes(10)
+    digests, _ = conversation_digests({}, "m", [SYS, U1, A1, U2])
+    store.put(digests[0], known(4))
+    store.put(digests[1], known(4))
+    assert store.find(digests[:1]) is not None  # digests[0] is now the most recent
+    store.put(digests[2], known(4))  # 12 > 10: the least recent (digests[1]) goes
+    assert digests[1] not in store and digests[0] in store and digests[2] in store
+    assert store.blocks == 8
+    store.put(digests[2], known(2))  # replacing an entry counts the difference
+    assert store.blocks == 6
+    store.put(digests[3], known(11))  # larger than the whole store: not kept
+    assert digests[3] not in store and store.blocks == 6
+    store.clear()
+    assert len(store) == 0 and store.blocks == 0
