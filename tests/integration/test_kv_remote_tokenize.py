@@ -113,6 +113,13 @@ async def test_siblings_and_next_turns_are_matched_without_a_call_on_their_path(
         assert how(ing, "request") == 2
         assert how(ing, "background_failed") == 0 and how(ing, "background_skipped") == 0
 
+        # a known prefix shorter than two blocks would match nothing: asked on the path
+        short = {"role": "system", "content": "Be brief."}
+        await ask(client, model, [short, {"role": "user", "content": "One?"}])
+        await eventually(lambda: how(ing, "background") == 5)
+        await ask(client, model, [short, {"role": "user", "content": "Two?"}])
+        assert how(ing, "request") == 4
+
 
 async def test_with_the_memory_off_every_request_asks_on_its_path(nats_server: NatsServer) -> None:
     async with stack(nats_server.url, tokenize_memory_blocks=0) as (fleet, ing, client):

@@ -164,15 +164,17 @@ class RemoteTokens:
         found = self.known.find(digests)
         if found is not None:
             k, known = found
-            if k == n:
+            if k == n and known.chain:
                 self.count(self.group.name, "known")
                 chain = known.chain.tolist()
                 return RequestKeys("precise", chain, float(self.group.block_size), max(1, known.tokens))
-            self.count(self.group.name, "known_prefix")
-            self._background(client, state, messages[:n], digests[n - 1], sum(sizes), generation=True)
-            tail = sum(sizes[k:]) * known.tokens / max(1, known.nbytes)
-            estimate = max(1, known.tokens + round(tail))
-            return RequestKeys("precise", known.chain[:-1].tolist(), float(self.group.block_size), estimate)
+            # (a prefix shorter than two blocks would match nothing once its last is left out)
+            if k < n and len(known.chain) >= 2:
+                self.count(self.group.name, "known_prefix")
+                self._background(client, state, messages, digests[n - 1], sum(sizes), generation=True)
+                tail = sum(sizes[k:]) * known.tokens / max(1, known.nbytes)
+                estimate = max(1, known.tokens + round(tail))
+                return RequestKeys("precise", known.chain[:-1].tolist(), float(self.group.block_size), estimate)
         tokens = await self._call(client, state, None, True)
         self.count(self.group.name, "request")
         keys = self.group.keys_from_tokens(state, tokens)
