@@ -128,3 +128,50 @@ async def test_with_the_memory_off_every_request_asks_on_its_path(nats_server: N
             await ask(client, model, [SYSTEM, {"role": "user", "content": question}])
         assert how(ing, "request") == 3
         assert how(ing, "known") == how(ing, "known_prefix") == how(ing, "background") == 0
+
+
+async def complete(client: httpx.AsyncClient, model: str, prompt: str) -> str:
+    r = await client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    return r.headers["x-continuum-backend"]
+
+
+async def test_a_completion_prompt_extending_a_known_one_is_matched_without_a_call(nats_server: NatsServer) -> None:
+    async with stack(nats_server.url) as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+        turn1 = "The quarterly report covers revenue, costs and the outlook for next year. " * 40
+        home = await complete(client, model, turn1)
+        assert how(ing, "request") == 1
+        # the next turn replays the conversation as text and adds to it: no call on its path,
+        # same engine (RoundRobin would have sent it to the other), learnt off the path
+        turn2 = turn1 + "Answer: revenue grew. Question: and the costs? "
+        assert await complete(client, model, turn2) == home
+        assert how(ing, "request") == 1 and how(ing, "known_prefix") == 1
+        await eventually(lambda: how(ing, "background") == 1)
+        remote = ing.app.kv.selector.remote["fleet"]  # type: ignore[union-attr]
+        assert remote.texts is not None and len(remote.texts) == 2
+        assert await complete(client, model, turn2) == home
+        assert how(ing, "known") == 1
+
+        # what the memory matched is the engine's own chain, up to a margin short of turn 1
+        e = fleet.endpoints[0]
+        async with httpx.AsyncClient(timeout=10) as c:
+            tokens = (await c.post(f"{e.url}/tokenize", json={"model": model, "prompt": turn2})).json()["tokens"]
+        hasher = make_block_hasher("vllm", e.block_size, hash_seed=e.python_hash_seed)
+        engine = [hasher.wire(d) for d in hasher.chain(tokens)]
+        learnt = remote.texts.find(remote_text_key(model, turn2))
+        assert learnt is not None and learnt[0].chain.tolist() == engine
+
+        # a prompt sharing less than half of its text with anything known: asked on the path
+        await complete(client, model, turn1[:200] + "Something else entirely. " * 60)
+        assert how(ing, "request") == 2
+        assert how(ing, "background_failed") == 0
+
+
+def remote_text_key(model: str, prompt: str) -> bytes:
+    """What RemoteTokens keys a completion prompt by (the context digest, then the text)."""
+    import hashlib
+
+    import orjson
+
+    return hashlib.blake2b(orjson.dumps([model, None]), digest_size=16).digest() + prompt.encode()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from array import array
 
-from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, conversation_digests
+from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, KnownTexts, conversation_digests
 
 SYS = {"role": "system", "content": "You answer questions about the report."}
 U1 = {"role": "user", "content": "What is on page one?"}
@@ -70,3 +70,28 @@ def test_the_store_is_bounded_by_the_blocks_it_holds_least_recent_first() -> Non
     assert digests[3] not in store and store.blocks == 6
     store.clear()
     assert len(store) == 0 and store.blocks == 0
+
+
+def test_a_text_extending_a_known_one_finds_it_to_a_chunk() -> None:
+    store = KnownTexts(1000, chunk_bytes=8)
+    turn1 = b"0123456789abcdefXYZ"  # two full chunks and a tail
+    store.put(turn1, known(3))
+    assert store.find(turn1) == (known(3), len(turn1))  # an exact repeat: all of it
+    turn2 = turn1[:-1] + b"-and-then-more"  # shares 18 bytes: two full chunks
+    assert store.find(turn2) == (known(3), 16)
+    assert store.find(b"0123456-different") is None  # diverges inside the first chunk
+    assert store.find(b"01234567") == (known(3), 8)  # a prefix of it: the chunk it shares
+
+
+def test_texts_are_bounded_and_a_dropped_entry_takes_only_its_own_chunks() -> None:
+    store = KnownTexts(10, chunk_bytes=4)
+    store.put(b"aaaabbbb", known(4))
+    store.put(b"aaaabbbbcccc", known(4))  # shares the first two chunks
+    store.put(b"zzzzyyyy", known(4))  # 12 > 10: the least recent ("aaaabbbb") goes
+    assert len(store) == 2 and store.blocks == 8
+    # its chunks now lead to the longer text, which still holds them
+    assert store.find(b"aaaabbbbdddd") == (known(4), 8)
+    store.put(b"q" * 400, known(11))  # larger than the whole store: not kept
+    assert store.find(b"q" * 400) is None
+    store.clear()
+    assert len(store) == 0 and store.blocks == 0 and store.find(b"zzzzyyyy") is None

@@ -1,67 +1,44 @@
-"""Remote tokenizations remembered by conversation prefix: precise mode without a local
-tokenizer asks a backend's `/tokenize` on the request's path only when nothing close to the
-request is known.
+"""What earlier `/tokenize` answers gave, remembered by what they covered (pure; used by
+kv/remote_tokens.py, docs/kv-scorer.md "Remembered tokenizations").
 
-Why: the `/tokenize` round trip comes before the routing decision, so all of it is added to
-the time to first token (a millisecond or two on an idle engine, more on a busy one). Yet the
-block hashes of almost all of a request are usually known already. Conversations grow turn by
-turn (turn N+1 is turn N's messages, the answer and a new question) and many requests share
-their first messages (a system prompt or a document with another question after it).
+* Chat requests: the leading messages are hashed one after the other (after the model, the
+  tools, the template arguments and the cache salt), so every prefix of a message list has a
+  digest (`conversation_digests`); `KnownPrefixes` maps a prefix's digest to the block hashes of
+  its tokenization and finds the longest known prefix of a request lacking at most `REACH`
+  trailing messages.
+* Completion prompts: `KnownTexts` keys a prompt by the digest of its text and by the chained
+  hashes of its text chunks (kv/chunks.py), so a prompt that extends a known one finds it, to a
+  chunk.
 
-How: the leading messages of a chat request are hashed one after the other (with the model,
-the tools, the template arguments and the cache salt first), so every prefix of the message
-list has a digest. The block hashes of every tokenization are remembered under the digest of
-the messages it covered. A request whose whole message list, or all but its last one or two
-messages, is known is matched with those block hashes and no call (the newest messages are
-not matched; nobody holds them yet except for an exact repeat). The last known block is left
-out: a chat template may render the end of a conversation (the generation prompt, the last
-token before the next message) differently from the same point inside a longer one. The
-request's size is estimated from the known part's tokens per byte.
-
-Only a request with nothing close known asks on its path; then, off the path, its messages
-without the last one are tokenized too (what its siblings will share). A request matched from
-a known prefix has its own messages tokenized off the path (what its next turn will share).
-Off-path calls are bounded (at most `MAX_BACKGROUND` at once, more are skipped and counted)
-and deduplicated; the memory is bounded by the number of block hashes it holds (LRU).
+Both are LRU stores bounded by the number of block hashes they hold (8 bytes each).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import logging
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, chat_messages
-from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
-from continuum_ingress.protocol.apis import Api
-from continuum_ingress.transport import Upstream
-
-if TYPE_CHECKING:
-    from continuum_ingress.state import RequestState
-
-log = logging.getLogger("continuum.ingress.kv")
+from continuum_ingress.kv.chunks import chunk_chain
 
 REACH = 2  # how many trailing messages a known prefix may lack
-MAX_BACKGROUND = 16  # off-path /tokenize calls at once, per match group
-
-# Counted per match group in continuum_kv_remote_tokenize_total{group, how}.
-HOW = ("request", "known", "known_prefix", "background", "background_skipped", "background_failed")
+TEXT_CHUNK_BYTES = 512  # the granularity to which a completion prompt finds a known one
 
 
 @dataclass(frozen=True, slots=True)
 class Known:
-    """What one tokenization of a message prefix gave."""
+    """What one tokenization gave."""
 
     chain: array[int]  # wire block hashes ('Q': 8 bytes each)
     tokens: int
-    nbytes: int  # JSON size of the messages it covered (for the tokens-per-byte estimate)
+    # the size of what it covered (the messages' JSON, or the prompt's UTF-8), for estimates
+    # of tokens per byte
+    nbytes: int
 
 
 def conversation_digests(
@@ -128,130 +105,71 @@ class KnownPrefixes:
         self.blocks = 0
 
 
-class RemoteTokens:
-    """Precise keys for one match group from its backends' `/tokenize`, remembered by
-    conversation prefix (module docstring). `count(group, how)` counts every request and every
-    off-path call (HOW)."""
+@dataclass(slots=True)
+class _TextEntry:
+    known: Known
+    chunks: list[int]
 
-    def __init__(
-        self,
-        group: GroupRuntime,
-        count: Callable[[str, str], None],
-        *,
-        max_blocks: int,
-        max_background: int = MAX_BACKGROUND,
-    ) -> None:
-        assert group.config is not None and group.hasher is not None
-        self.group = group
-        self.count = count
-        self.path = group.config.tokenize_path
-        self.timeout_s = group.config.tokenize_timeout_ms / 1000
-        self.known = KnownPrefixes(max_blocks) if max_blocks > 0 else None
-        self.max_background = max_background
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._pending: set[bytes] = set()
 
-    async def keys(self, state: RequestState, client: Upstream) -> RequestKeys:
-        """The request's keys (raises TokenizeFailed when a call on the path fails)."""
-        body = state.request.body
-        messages = chat_messages(state.api, body) if state.api is not Api.COMPLETIONS else []
-        if self.known is None or not messages:
-            tokens = await self._call(client, state, None, True)
-            self.count(self.group.name, "request")
-            return self.group.keys_from_tokens(state, tokens)
-        digests, sizes = conversation_digests(body, state.model, messages)
-        n = len(messages)
-        found = self.known.find(digests)
-        if found is not None:
-            k, known = found
-            if k == n and known.chain:
-                self.count(self.group.name, "known")
-                chain = known.chain.tolist()
-                return RequestKeys("precise", chain, float(self.group.block_size), max(1, known.tokens))
-            # (a prefix shorter than two blocks would match nothing once its last is left out)
-            if k < n and len(known.chain) >= 2:
-                self.count(self.group.name, "known_prefix")
-                self._background(client, state, messages, digests[n - 1], sum(sizes), generation=True)
-                tail = sum(sizes[k:]) * known.tokens / max(1, known.nbytes)
-                estimate = max(1, known.tokens + round(tail))
-                return RequestKeys("precise", known.chain[:-1].tolist(), float(self.group.block_size), estimate)
-        tokens = await self._call(client, state, None, True)
-        self.count(self.group.name, "request")
-        keys = self.group.keys_from_tokens(state, tokens)
-        self.known.put(digests[n - 1], Known(array("Q", keys.chain), len(tokens), sum(sizes)))
-        if n >= 2 and digests[n - 2] not in self.known:
-            self._background(client, state, messages[: n - 1], digests[n - 2], sum(sizes[:-1]), generation=False)
-        return keys
+class KnownTexts:
+    """Completion prompts: digest of the whole text → what its tokenization gave, and the
+    chained hashes of its `chunk_bytes` chunks (kv/chunks.py) → that entry, so a prompt that
+    extends a known one (a conversation replayed as text, turn by turn) finds it to a chunk.
+    LRU, bounded by the number of block hashes held."""
 
-    async def _call(
-        self, client: Upstream, state: RequestState, messages: list[dict[str, Any]] | None, generation: bool
-    ) -> list[int]:
-        return await remote_tokens(
-            client,
-            self.path,
-            api=state.api,
-            body=state.request.body,
-            model=state.model,
-            timeout_s=self.timeout_s,
-            messages=messages,
-            generation=generation,
-        )
+    def __init__(self, max_blocks: int, chunk_bytes: int = TEXT_CHUNK_BYTES) -> None:
+        self.max_blocks = max_blocks
+        self.chunk_bytes = chunk_bytes
+        self.blocks = 0
+        self._entries: OrderedDict[bytes, _TextEntry] = OrderedDict()
+        self._chunks: dict[int, bytes] = {}  # chunk chain hash -> digest of the entry holding it
 
-    def _background(
-        self,
-        client: Upstream,
-        state: RequestState,
-        messages: list[dict[str, Any]],
-        digest: bytes,
-        nbytes: int,
-        *,
-        generation: bool,
-    ) -> None:
-        if digest in self._pending:
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def find(self, data: bytes) -> tuple[Known, int] | None:
+        """What is known of the longest known text sharing a prefix with `data`, and how many
+        leading bytes they share at least (all of `data` for an exact repeat)."""
+        exact = self._entries.get(_digest(data))
+        if exact is not None:
+            self._entries.move_to_end(_digest(data))
+            return exact.known, len(data)
+        chunks = chunk_chain(data, self.chunk_bytes)
+        for j in range(len(chunks), 0, -1):
+            digest = self._chunks.get(chunks[j - 1])
+            entry = self._entries.get(digest) if digest is not None else None
+            if entry is not None:
+                self._entries.move_to_end(digest)  # type: ignore[arg-type]
+                return entry.known, j * self.chunk_bytes
+        return None
+
+    def put(self, data: bytes, known: Known) -> None:
+        if len(known.chain) > self.max_blocks:
             return
-        if len(self._tasks) >= self.max_background:
-            self.count(self.group.name, "background_skipped")
-            return
-        self._pending.add(digest)
-        task = asyncio.get_running_loop().create_task(
-            self._learn(client, state, messages, digest, nbytes, generation=generation)
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        digest = _digest(data)
+        self._drop(digest)
+        chunks = chunk_chain(data, self.chunk_bytes)
+        self._entries[digest] = _TextEntry(known, chunks)
+        for c in chunks:
+            self._chunks[c] = digest
+        self.blocks += len(known.chain)
+        while self.blocks > self.max_blocks:
+            self._drop(next(iter(self._entries)))
 
-    async def _learn(
-        self,
-        client: Upstream,
-        state: RequestState,
-        messages: list[dict[str, Any]],
-        digest: bytes,
-        nbytes: int,
-        *,
-        generation: bool,
-    ) -> None:
-        try:
-            tokens = await self._call(client, state, messages, generation)
-            keys = self.group.keys_from_tokens(state, tokens)
-        except TokenizeFailed as exc:
-            log.debug("off-path tokenize for group %s failed: %s", self.group.name, exc)
-            self.count(self.group.name, "background_failed")
+    def _drop(self, digest: bytes) -> None:
+        entry = self._entries.pop(digest, None)
+        if entry is None:
             return
-        except Exception:  # never let a learning call end in an unretrieved task exception
-            log.warning("off-path tokenize for group %s failed unexpectedly", self.group.name, exc_info=True)
-            self.count(self.group.name, "background_failed")
-            return
-        finally:
-            self._pending.discard(digest)
-        self.count(self.group.name, "background")
-        if self.known is not None:
-            self.known.put(digest, Known(array("Q", keys.chain), len(tokens), nbytes))
+        self.blocks -= len(entry.known.chain)
+        for c in entry.chunks:
+            if self._chunks.get(c) == digest:  # a later entry may hold the same chunk
+                del self._chunks[c]
 
     def clear(self) -> None:
-        if self.known is not None:
-            self.known.clear()
+        self._entries.clear()
+        self._chunks.clear()
+        self.blocks = 0
 
-    async def aclose(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()

@@ -35,7 +35,7 @@ from continuum_common.wire.decisions import KIND_APPROXIMATE, KIND_SPECULATIVE, 
 from continuum_ingress.kv.audit import TokenizerAudit
 from continuum_ingress.kv.block_reads import BlockReads
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, build_groups
-from continuum_ingress.kv.known_prefixes import RemoteTokens
+from continuum_ingress.kv.remote_tokens import RemoteTokens
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.tokenize import TokenizeFailed
 from continuum_ingress.policy.kv_cost import (

@@ -1,0 +1,216 @@
+"""Precise keys from a backend's `/tokenize`, asked on the request's path only when nothing
+close to the request was tokenized before (docs/kv-scorer.md, "Remembered tokenizations").
+
+Why: without a local tokenizer the `/tokenize` round trip comes before the routing decision,
+so all of it adds to the time to first token (a millisecond or two on an idle engine, tens on a
+busy one with a long prompt). Yet the block hashes of almost all of a request are usually
+known already: turn N+1 of a conversation is turn N plus the answer and a new question, and
+many requests share their first messages (a system prompt, a document).
+
+* **Chat.** A request whose whole message list, or all but its last one or two messages, is
+  known (kv/known_prefixes.py) is matched with those block hashes and no call. The last known
+  block is left out: a chat template may render the end of a conversation (the generation
+  prompt) differently from the same point inside a longer one. Its newest messages are not
+  matched (nobody holds them yet, except for an exact repeat). Off the path, its own messages
+  are then tokenized (what its next turn will share).
+* **Completions.** A prompt that repeats a known one, or extends one over at least
+  `MIN_TEXT_COVERAGE` of its bytes, is matched with the known prompt's block hashes up to a
+  margin short of the shared text (tokens per byte estimated from the known prompt); then its
+  own text is learnt off the path.
+* Only a request with nothing close known asks on its path; a chat request's messages without
+  the last one are then tokenized off the path too (what its siblings will share).
+
+Off-path calls are bounded (`MAX_BACKGROUND` at once per group, more are skipped) and
+deduplicated; every outcome is counted (`HOW`). The request's size is estimated from the known
+part's tokens per byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from array import array
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, chat_messages
+from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, KnownTexts, conversation_digests
+from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
+from continuum_ingress.protocol.apis import Api
+from continuum_ingress.transport import Upstream
+
+if TYPE_CHECKING:
+    from continuum_ingress.state import RequestState
+
+log = logging.getLogger("continuum.ingress.kv")
+
+MAX_BACKGROUND = 16  # off-path /tokenize calls at once, per match group
+MIN_TEXT_COVERAGE = 0.5  # a known prompt must cover this much of a completion prompt
+TEXT_MARGIN = 0.9  # of the estimated tokens in the shared text, the part matched
+_HEAD = 16  # bytes of context digest before a completion prompt's text
+
+# Counted per match group in continuum_kv_remote_tokenize_total{group, how}.
+HOW = ("request", "known", "known_prefix", "background", "background_skipped", "background_failed")
+
+
+@dataclass(frozen=True, slots=True)
+class _Lesson:
+    """One off-path tokenization: what to ask (`messages` instead of the request's own, if
+    given), under which key it is deduplicated, and where its answer goes (`nbytes`: the size
+    of what it covers)."""
+
+    key: bytes
+    remember: Callable[[Known], None]
+    nbytes: int
+    messages: list[dict[str, Any]] | None = None
+    generation: bool = True
+
+
+class RemoteTokens:
+    """One precise match group without a local tokenizer. `count(group, how)` counts every
+    request and every off-path call (HOW)."""
+
+    def __init__(
+        self,
+        group: GroupRuntime,
+        count: Callable[[str, str], None],
+        *,
+        max_blocks: int,
+        max_background: int = MAX_BACKGROUND,
+    ) -> None:
+        assert group.config is not None and group.hasher is not None
+        self.group = group
+        self.count = count
+        self.path = group.config.tokenize_path
+        self.timeout_s = group.config.tokenize_timeout_ms / 1000
+        self.bs = float(group.block_size)
+        self.known = KnownPrefixes(max_blocks) if max_blocks > 0 else None
+        self.texts = KnownTexts(max_blocks) if max_blocks > 0 else None
+        self.max_background = max_background
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: set[bytes] = set()
+
+    async def keys(self, state: RequestState, client: Upstream) -> RequestKeys:
+        """The request's keys (raises TokenizeFailed when a call on the path fails)."""
+        if state.api is Api.COMPLETIONS:
+            return await self._completion_keys(state, client)
+        messages = chat_messages(state.api, state.request.body)
+        if self.known is None or not messages:
+            return await self._asked(state, client)
+        digests, sizes = conversation_digests(state.request.body, state.model, messages)
+        n = len(messages)
+        found = self.known.find(digests)
+        if found is not None:
+            k, known = found
+            if k == n and known.chain:
+                self.count(self.group.name, "known")
+                return RequestKeys("precise", known.chain.tolist(), self.bs, max(1, known.tokens))
+            # (a prefix shorter than two blocks would match nothing once its last is left out)
+            if k < n and len(known.chain) >= 2:
+                self.count(self.group.name, "known_prefix")
+                store, key = self.known, digests[n - 1]
+                self._background(client, state, _Lesson(key, lambda kn: store.put(key, kn), sum(sizes)))
+                estimate = known.tokens + sum(sizes[k:]) * known.tokens / max(1, known.nbytes)
+                return RequestKeys("precise", known.chain[:-1].tolist(), self.bs, max(1, round(estimate)))
+        keys = await self._asked(state, client)
+        self.known.put(digests[n - 1], Known(array("Q", keys.chain), keys.prompt_tokens, sum(sizes)))
+        if n >= 2 and digests[n - 2] not in self.known:
+            store, key = self.known, digests[n - 2]
+            lesson = _Lesson(key, lambda kn: store.put(key, kn), sum(sizes[:-1]), messages[:-1], generation=False)
+            self._background(client, state, lesson)
+        return keys
+
+    async def _completion_keys(self, state: RequestState, client: Upstream) -> RequestKeys:
+        prompt = state.request.body.get("prompt")
+        if self.texts is None or not isinstance(prompt, str):
+            return await self._asked(state, client)
+        salt = state.request.body.get("cache_salt")
+        head = hashlib.blake2b(orjson.dumps([state.model, salt]), digest_size=_HEAD).digest()
+        data = head + prompt.encode("utf-8", "surrogatepass")
+        found = self.texts.find(data)
+        if found is not None:
+            known, shared = found
+            if shared == len(data) and known.chain:
+                self.count(self.group.name, "known")
+                return RequestKeys("precise", known.chain.tolist(), self.bs, max(1, known.tokens))
+            per_byte = known.tokens / max(1, known.nbytes - _HEAD)
+            blocks = int((shared - _HEAD) * per_byte * TEXT_MARGIN / self.bs)
+            if shared >= MIN_TEXT_COVERAGE * len(data) and blocks >= 1:
+                self.count(self.group.name, "known_prefix")
+                texts = self.texts
+                key = hashlib.blake2b(data, digest_size=16).digest()
+                self._background(client, state, _Lesson(key, lambda kn: texts.put(data, kn), len(data)))
+                estimate = (len(data) - _HEAD) * per_byte
+                return RequestKeys("precise", known.chain[:blocks].tolist(), self.bs, max(1, round(estimate)))
+        keys = await self._asked(state, client)
+        self.texts.put(data, Known(array("Q", keys.chain), keys.prompt_tokens, len(data)))
+        return keys
+
+    async def _asked(self, state: RequestState, client: Upstream) -> RequestKeys:
+        """Keys from a call on the request's path."""
+        tokens = await self._call(client, state)
+        self.count(self.group.name, "request")
+        return self.group.keys_from_tokens(state, tokens)
+
+    def _call(
+        self,
+        client: Upstream,
+        state: RequestState,
+        messages: list[dict[str, Any]] | None = None,
+        generation: bool = True,
+    ) -> Awaitable[list[int]]:
+        return remote_tokens(
+            client,
+            self.path,
+            api=state.api,
+            body=state.request.body,
+            model=state.model,
+            timeout_s=self.timeout_s,
+            messages=messages,
+            generation=generation,
+        )
+
+    def _background(self, client: Upstream, state: RequestState, lesson: _Lesson) -> None:
+        """Tokenize off the path and remember what it gave; one call per key at a time."""
+        if lesson.key in self._pending:
+            return
+        if len(self._tasks) >= self.max_background:
+            self.count(self.group.name, "background_skipped")
+            return
+        self._pending.add(lesson.key)
+        task = asyncio.get_running_loop().create_task(self._learn(client, state, lesson))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _learn(self, client: Upstream, state: RequestState, lesson: _Lesson) -> None:
+        try:
+            tokens = await self._call(client, state, lesson.messages, lesson.generation)
+            keys = self.group.keys_from_tokens(state, tokens)
+        except TokenizeFailed as exc:
+            log.debug("off-path tokenize for group %s failed: %s", self.group.name, exc)
+            self.count(self.group.name, "background_failed")
+            return
+        except Exception:  # never let a learning call end in an unretrieved task exception
+            log.warning("off-path tokenize for group %s failed unexpectedly", self.group.name, exc_info=True)
+            self.count(self.group.name, "background_failed")
+            return
+        finally:
+            self._pending.discard(lesson.key)
+        self.count(self.group.name, "background")
+        lesson.remember(Known(array("Q", keys.chain), len(tokens), lesson.nbytes))
+
+    def clear(self) -> None:
+        if self.known is not None:
+            self.known.clear()
+        if self.texts is not None:
+            self.texts.clear()
+
+    async def aclose(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
