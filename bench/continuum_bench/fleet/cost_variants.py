@@ -64,7 +64,7 @@ for _starts in (True, False):
     register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=_overrides))
 
 # A larger miss penalty alone (placement unchanged).
-for _pen in (6.0, 10.0):
+for _pen in (6.0, 10.0, 20.0, 30.0):
     _name = f"continuum-kv-precise-pen{_pen:g}"
     register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=(("miss_penalty", _pen),)))
 
