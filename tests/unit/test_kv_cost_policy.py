@@ -49,10 +49,14 @@ def test_holding_more_than_the_prompt_is_no_deeper() -> None:
 
 
 def test_a_long_prefill_queue_outweighs_a_small_cache_advantage() -> None:
-    # b1 holds 300 more tokens but has 5,000 queued prefill tokens ahead of the request.
+    # b1 holds 300 more tokens but has 12,000 queued prefill tokens ahead of the request: more
+    # than the 300 tokens charged with the miss penalty (300 * 31 = 9,300).
     held = {"b0": Held(500, 500), "b1": Held(800, 800)}
-    choice = choose_by_cost(1000, loads(1, 1, queued=(0, 5000)), held, P)
+    choice = choose_by_cost(1000, loads(1, 1, queued=(0, 12_000)), held, P)
     assert choice is not None and choice.backend == "b0" and choice.moved == "cost"
+    # a queue shorter than that keeps the request with the deeper holder
+    choice = choose_by_cost(1000, loads(1, 1, queued=(0, 9_000)), held, P)
+    assert choice is not None and choice.backend == "b1" and choice.moved is None
 
 
 def test_the_load_bound_caps_affinity() -> None:

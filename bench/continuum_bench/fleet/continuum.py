@@ -99,6 +99,8 @@ class KvStack:
     cost: tuple[tuple[str, float | bool], ...] = ()
     # The shared load view between replicas (kv_cache_index.load_sharing.enabled).
     load_sharing: bool = True
+    # Overrides of the precise match group (e.g. tokenize_memory_blocks).
+    group: tuple[tuple[str, int | str], ...] = ()
 
 
 def match_group(ctx: FleetContext) -> dict[str, Any]:
@@ -126,7 +128,7 @@ def kv_index_config(ctx: FleetContext, stack: KvStack, salt_file: str) -> dict[s
     elif stack.mode == "approximate":
         index["default_mode"] = "approximate"
     else:
-        index["groups"] = [match_group(ctx)]
+        index["groups"] = [{**match_group(ctx), **dict(stack.group)}]
     if stack.cost:
         index["scoring"] = {"model": "cost", "cost": dict(stack.cost)}
     if not stack.load_sharing:

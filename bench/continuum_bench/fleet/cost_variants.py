@@ -2,7 +2,8 @@
 (`--plugin continuum_bench.fleet.cost_variants`). Each name spells its overrides of
 `kv_cache_index.scoring.cost`: `pen<miss_penalty>`, `eps<load_factor_epsilon>`; `nostarts`
 turns off the placement of conversation starts, `noload` the shared load view between replicas,
-`slack<n>` sets `load_bound_slack`, `req<n>` `placement_request_tokens`. `pen<n>` sets only
+`slack<n>` sets `load_bound_slack`, `req<n>` `placement_request_tokens`, `nomemory` turns off
+the remembered tokenizations (`tokenize_memory_blocks: 0`). `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
 
@@ -75,3 +76,9 @@ for _pen in (6.0, 10.0):
         _name,
         KvStack(_name, "memory", "precise", "blocks", cost=(("miss_penalty", _pen), ("load_bound_slack", 2))),
     )
+
+# Every precise request asks /tokenize on its path (no remembered tokenizations).
+register_stack(
+    "continuum-kv-precise-nomemory",
+    KvStack("continuum-kv-precise-nomemory", "memory", "precise", "blocks", group=(("tokenize_memory_blocks", 0),)),
+)

@@ -157,9 +157,9 @@ class CostModel(Section):
     # again: computing it there also writes a second copy of context another backend already
     # caches (displacing other prefixes), and the conversation's next turns follow it. 0 is
     # pure time to first token; higher values keep conversations home under heavier load
-    # (10 kept 0.99 of the ideal hit rate on the public conversation trace, against 0.95-0.98
-    # with 3, at the same TTFT).
-    miss_penalty: float = Field(10.0, ge=0.0, le=100.0)
+    # (on the public conversation trace 3 kept 0.95-0.98 of the ideal hit rate, 10 0.97-0.99,
+    # 30 0.997, at the same TTFT; the load bound still moves work off an overloaded home).
+    miss_penalty: float = Field(30.0, ge=0.0, le=100.0)
     # The same charge in the placement of new work (below), where it weighs what a candidate
     # does not hold of a new conversation (its system prompt) against recent demand: higher
     # values keep new conversations with their system prompt's holder at the cost of balance.

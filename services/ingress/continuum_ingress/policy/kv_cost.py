@@ -84,7 +84,7 @@ class CostParams:
     storage_token_cost: float = 0.25
     epsilon: float = 1.0
     affinity_threshold: float = 0.3
-    miss_penalty: float = 10.0
+    miss_penalty: float = 30.0
     bound_slack: int = 0
     placement_miss_penalty: float = 3.0
 
