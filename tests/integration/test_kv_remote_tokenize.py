@@ -18,7 +18,7 @@ from continuum_ingress.kv.known_prefixes import conversation_digests
 from continuum_sim import SimFleet
 from continuum_testing.ingress_harness import RunningIngress, running_ingress
 
-SYSTEM = {"role": "system", "content": "You answer questions about the attached quarterly report. " * 30}
+SYSTEM = {"role": "system", "content": "You answer questions about the attached quarterly report. " * 80}
 
 
 def config(fleet: SimFleet, nats_url: str, **group: Any) -> dict[str, Any]:
@@ -113,8 +113,8 @@ async def test_siblings_and_next_turns_are_matched_without_a_call_on_their_path(
         assert how(ing, "request") == 2
         assert how(ing, "background_failed") == 0 and how(ing, "background_skipped") == 0
 
-        # a known prefix shorter than two blocks would match nothing: asked on the path
-        short = {"role": "system", "content": "Be brief."}
+        # a known prefix under 512 tokens is not used: asked on the path
+        short = {"role": "system", "content": "Be brief and answer in one short sentence. " * 20}
         await ask(client, model, [short, {"role": "user", "content": "One?"}])
         await eventually(lambda: how(ing, "background") == 5)
         await ask(client, model, [short, {"role": "user", "content": "Two?"}])
@@ -139,7 +139,7 @@ async def complete(client: httpx.AsyncClient, model: str, prompt: str) -> str:
 async def test_a_completion_prompt_extending_a_known_one_is_matched_without_a_call(nats_server: NatsServer) -> None:
     async with stack(nats_server.url) as (fleet, ing, client):
         model = fleet.endpoints[0].model
-        turn1 = "The quarterly report covers revenue, costs and the outlook for next year. " * 40
+        turn1 = "The quarterly report covers revenue, costs and the outlook for next year. " * 80
         home = await complete(client, model, turn1)
         assert how(ing, "request") == 1
         # the next turn replays the conversation as text and adds to it: no call on its path,

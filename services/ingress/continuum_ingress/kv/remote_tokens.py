@@ -17,6 +17,7 @@ many requests share their first messages (a system prompt, a document).
   `MIN_TEXT_COVERAGE` of its bytes, is matched with the known prompt's block hashes up to a
   margin short of the shared text (tokens per byte estimated from the known prompt); then its
   own text is learnt off the path.
+* A known part under `MIN_KNOWN_TOKENS` is not used: short prompts are asked on their path.
 * Only a request with nothing close known asks on its path; a chat request's messages without
   the last one are then tokenized off the path too (what its siblings will share).
 
@@ -52,6 +53,10 @@ MAX_BACKGROUND = 16  # off-path /tokenize calls at once, per match group
 MIN_TEXT_COVERAGE = 0.5  # a known prompt must cover this much of a completion prompt
 TEXT_MARGIN = 0.9  # of the estimated tokens in the shared text, the part matched
 _HEAD = 16  # bytes of context digest before a completion prompt's text
+# A known prefix shorter than this is not used (the request is asked on its path): with a short
+# prompt the block left out and the unmatched newest message are a large part of it, and the
+# placement of a new conversation weighs exactly that part.
+MIN_KNOWN_TOKENS = 512
 
 # Counted per match group in continuum_kv_remote_tokenize_total{group, how}.
 HOW = ("request", "known", "known_prefix", "background", "background_skipped", "background_failed")
@@ -109,8 +114,7 @@ class RemoteTokens:
             if k == n and known.chain:
                 self.count(self.group.name, "known")
                 return RequestKeys("precise", known.chain.tolist(), self.bs, max(1, known.tokens))
-            # (a prefix shorter than two blocks would match nothing once its last is left out)
-            if k < n and len(known.chain) >= 2:
+            if k < n and (len(known.chain) - 1) * self.bs >= MIN_KNOWN_TOKENS:
                 self.count(self.group.name, "known_prefix")
                 store, key = self.known, digests[n - 1]
                 self._background(client, state, _Lesson(key, lambda kn: store.put(key, kn), sum(sizes)))
@@ -139,7 +143,7 @@ class RemoteTokens:
                 return RequestKeys("precise", known.chain.tolist(), self.bs, max(1, known.tokens))
             per_byte = known.tokens / max(1, known.nbytes - _HEAD)
             blocks = int((shared - _HEAD) * per_byte * TEXT_MARGIN / self.bs)
-            if shared >= MIN_TEXT_COVERAGE * len(data) and blocks >= 1:
+            if shared >= MIN_TEXT_COVERAGE * len(data) and blocks * self.bs >= MIN_KNOWN_TOKENS:
                 self.count(self.group.name, "known_prefix")
                 texts = self.texts
                 key = hashlib.blake2b(data, digest_size=16).digest()
