@@ -292,6 +292,25 @@ async def test_replay_recovers_a_forced_gap(shape: str) -> None:
         assert r.pipeline.stats.dropped == 0
 
 
+async def test_a_quiet_engine_is_replayed_at_start_up() -> None:
+    async with rig(mode="salt_echo") as r:
+        salt = make_salt(SECRET, "b", KEY)
+        # The engine published before the listener subscribed, then went quiet: without a live
+        # batch to reveal it, the listener still rebuilds what the engine holds.
+        r.engine.skip(batch([stored([1], None, [1] * 16, 16, salt=salt)]))
+        r.engine.skip(batch([stored([2], 1, [2] * 16, 16)]))
+        await r.engine.wait_subscribed()
+        await r.settle(2)
+        assert r.engine.replay_requests == [0]
+        assert r.chains() == {1: 16, 2: 32}
+        assert r.source.seq.last == 1
+        # the next live batch follows on, nothing replayed twice
+        await r.send(batch([stored([3], 2, [3] * 16, 16)]))
+        await r.settle(3)
+        assert r.engine.replay_requests == [0]
+        assert r.chains() == {1: 16, 2: 32, 3: 48}
+
+
 async def test_join_replays_history_and_restart_resets_state() -> None:
     async with rig(mode="salt_echo") as r:
         salt = make_salt(SECRET, "b", KEY)

@@ -12,7 +12,8 @@ one applied.
   batch, or is not configured cannot restore the state: the source starts a new epoch and the
   loss is counted;
 * the first message after start-up with seq > 0 → replay from seq 0 to rebuild the state the
-  engine already holds (as much as its buffer still has);
+  engine already holds (as much as its buffer still has); no message in the first half second
+  (a quiet engine) → the same replay then;
 * seq going backwards (outside a replayed range) → the publisher restarted: new epoch, then the
   same start-up replay.
 
@@ -76,6 +77,7 @@ class ZmqSource:
         self.backend = source.backend_name
         self.rcvhwm = rcvhwm if rcvhwm is not None else source.zmq_rcvhwm
         self.replay_timeout = source.request_timeout_ms / 1000
+        self._joined = False  # the start-up replay of a quiet engine was done
         self.max_replay_seconds = max_replay_seconds
         self.budget = budget
         self.quiet = quiet
@@ -131,7 +133,9 @@ class ZmqSource:
                 frames = reader.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 if not self.suspect:
-                    await sub.poll(timeout=500)  # POLLIN; wakes now and then for a resync
+                    # POLLIN; wakes now and then for a resync
+                    if not await sub.poll(timeout=500) and self.seq.last is None and not self._joined:
+                        await self._startup_replay()
                 elif not await sub.poll(timeout=int(self.quiet * 1000)):
                     await self._check_tail()
                 return
@@ -151,6 +155,20 @@ class ZmqSource:
         await asyncio.sleep(0)
         await self.pipeline.wait_room()
         return time.monotonic() - started
+
+    async def _startup_replay(self) -> None:
+        """Nothing arrived in the first half second after start-up: rebuild what the engine
+        already holds from its replay buffer now. A quiet engine may publish nothing for a
+        long time, and the new epoch this listener started has cleared the index of it (with
+        traffic, the first live batch triggers the same replay). Live copies of replayed
+        batches, queued in the SUB meanwhile, are then skipped as duplicates."""
+        self._joined = True
+        if self.source.replay_endpoint is None:
+            return
+        await self._replay(0, None, fresh=True)
+        last = self.seq.last
+        if last is not None:
+            self.seq.replayed(0, last)
 
     async def _check_tail(self) -> None:
         self.suspect = False
