@@ -6,11 +6,13 @@ matched without a call on its path (docs/kv-scorer.md, "Matching modes")."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import orjson
 
 from continuum_common.hashing.blocks import make_block_hasher
 from continuum_common.procs import NatsServer
@@ -170,8 +172,4 @@ async def test_a_completion_prompt_extending_a_known_one_is_matched_without_a_ca
 
 def remote_text_key(model: str, prompt: str) -> bytes:
     """What RemoteTokens keys a completion prompt by (the context digest, then the text)."""
-    import hashlib
-
-    import orjson
-
     return hashlib.blake2b(orjson.dumps([model, None]), digest_size=16).digest() + prompt.encode()

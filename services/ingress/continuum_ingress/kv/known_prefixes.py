@@ -130,9 +130,10 @@ class KnownTexts:
     def find(self, data: bytes) -> tuple[Known, int] | None:
         """What is known of the longest known text sharing a prefix with `data`, and how many
         leading bytes they share at least (all of `data` for an exact repeat)."""
-        exact = self._entries.get(_digest(data))
+        whole = text_digest(data)
+        exact = self._entries.get(whole)
         if exact is not None:
-            self._entries.move_to_end(_digest(data))
+            self._entries.move_to_end(whole)
             return exact.known, len(data)
         chunks = chunk_chain(data, self.chunk_bytes)
         for j in range(len(chunks), 0, -1):
@@ -146,7 +147,7 @@ class KnownTexts:
     def put(self, data: bytes, known: Known) -> None:
         if len(known.chain) > self.max_blocks:
             return
-        digest = _digest(data)
+        digest = text_digest(data)
         self._drop(digest)
         chunks = chunk_chain(data, self.chunk_bytes)
         self._entries[digest] = _TextEntry(known, chunks)
@@ -171,5 +172,6 @@ class KnownTexts:
         self.blocks = 0
 
 
-def _digest(data: bytes) -> bytes:
+def text_digest(data: bytes) -> bytes:
+    """The key of a whole completion prompt (context digest and text)."""
     return hashlib.blake2b(data, digest_size=16).digest()

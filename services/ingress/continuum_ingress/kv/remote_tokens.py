@@ -22,7 +22,7 @@ many requests share their first messages (a system prompt, a document).
   the last one are then tokenized off the path too (what its siblings will share).
 
 Off-path calls are bounded (`MAX_BACKGROUND` at once per group, more are skipped) and
-deduplicated; every outcome is counted (`HOW`). The request's size is estimated from the known
+deduplicated; every outcome is counted (`continuum_kv_remote_tokenize_total{group, how}`). The request's size is estimated from the known
 part's tokens per byte.
 """
 
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, chat_messages
-from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, KnownTexts, conversation_digests
+from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, KnownTexts, conversation_digests, text_digest
 from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.transport import Upstream
@@ -58,9 +58,6 @@ _HEAD = 16  # bytes of context digest before a completion prompt's text
 # placement of a new conversation weighs exactly that part.
 MIN_KNOWN_TOKENS = 512
 
-# Counted per match group in continuum_kv_remote_tokenize_total{group, how}.
-HOW = ("request", "known", "known_prefix", "background", "background_skipped", "background_failed")
-
 
 @dataclass(frozen=True, slots=True)
 class _Lesson:
@@ -77,7 +74,8 @@ class _Lesson:
 
 class RemoteTokens:
     """One precise match group without a local tokenizer. `count(group, how)` counts every
-    request and every off-path call (HOW)."""
+    request (`request`, `known`, `known_prefix`) and every off-path call (`background`,
+    `background_skipped`, `background_failed`)."""
 
     def __init__(
         self,
@@ -146,7 +144,7 @@ class RemoteTokens:
             if shared >= MIN_TEXT_COVERAGE * len(data) and blocks * self.bs >= MIN_KNOWN_TOKENS:
                 self.count(self.group.name, "known_prefix")
                 texts = self.texts
-                key = hashlib.blake2b(data, digest_size=16).digest()
+                key = text_digest(data)
                 self._background(client, state, _Lesson(key, lambda kn: texts.put(data, kn), len(data)))
                 estimate = (len(data) - _HEAD) * per_byte
                 return RequestKeys("precise", known.chain[:blocks].tolist(), self.bs, max(1, round(estimate)))

@@ -77,7 +77,7 @@ class ZmqSource:
         self.backend = source.backend_name
         self.rcvhwm = rcvhwm if rcvhwm is not None else source.zmq_rcvhwm
         self.replay_timeout = source.request_timeout_ms / 1000
-        self._joined = False  # the start-up replay of a quiet engine was done
+        self._quiet_replayed = False  # the start-up replay of a quiet engine was done
         self.max_replay_seconds = max_replay_seconds
         self.budget = budget
         self.quiet = quiet
@@ -134,7 +134,7 @@ class ZmqSource:
             except zmq.Again:
                 if not self.suspect:
                     # POLLIN; wakes now and then for a resync
-                    if not await sub.poll(timeout=500) and self.seq.last is None and not self._joined:
+                    if not await sub.poll(timeout=500) and self.seq.last is None and not self._quiet_replayed:
                         await self._startup_replay()
                 elif not await sub.poll(timeout=int(self.quiet * 1000)):
                     await self._check_tail()
@@ -162,7 +162,7 @@ class ZmqSource:
         long time, and the new epoch this listener started has cleared the index of it (with
         traffic, the first live batch triggers the same replay). Live copies of replayed
         batches, queued in the SUB meanwhile, are then skipped as duplicates."""
-        self._joined = True
+        self._quiet_replayed = True
         if self.source.replay_endpoint is None:
             return
         await self._replay(0, None, fresh=True)
