@@ -4,7 +4,10 @@ Measures what the ingress adds over calling a fast local backend directly, non-s
 completions over keep-alive HTTP/1.1:
 
 * added latency at concurrency 1 and 64 (p50 / p99 of ingress minus direct), and
-* requests/s through the ingress at concurrency 64.
+* requests/s through the ingress at concurrency 64, and
+* the router's CPU time per request (user + system, its process and its children: every worker
+  of `server.workers`, every thread of a peer), which machine noise moves far less than
+  requests/s when several processes share two cores.
 
 Three processes, so the ingress is measured as it runs in production: a minimal canned-answer
 backend (raw asyncio protocol on uvloop, ~20 µs per request), the ingress
@@ -142,8 +145,9 @@ async def _client(port: int, path: str, deadline: float, latencies: list[float])
 
 async def _load(port: int, concurrency: int, seconds: float, warmup: float) -> dict[str, float]:
     path = "/v1/chat/completions"
+    warm: list[float] = []
     if warmup:
-        await asyncio.gather(*(_client(port, path, time.perf_counter() + warmup, []) for _ in range(concurrency)))
+        await asyncio.gather(*(_client(port, path, time.perf_counter() + warmup, warm) for _ in range(concurrency)))
     latencies: list[float] = []
     start = time.perf_counter()
     await asyncio.gather(*(_client(port, path, start + seconds, latencies) for _ in range(concurrency)))
@@ -151,6 +155,7 @@ async def _load(port: int, concurrency: int, seconds: float, warmup: float) -> d
     latencies.sort()
     return {
         "requests": len(latencies),
+        "all_requests": len(latencies) + len(warm),
         "rps": len(latencies) / elapsed,
         "p50_ms": statistics.median(latencies) * 1000,
         "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
@@ -178,7 +183,44 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
     raise RuntimeError(f"port {port} did not open")
 
 
-def _run_load(port: int, concurrency: int, seconds: float, warmup: float) -> dict[str, float]:
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by `pid` and its live descendants (/proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        used[int(entry)] = (int(fields[11]) + int(fields[12])) / ticks
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(used.get(p, 0.0) for p in tree)
+
+
+def _run_load(
+    port: int, concurrency: int, seconds: float, warmup: float, router: int | None = None
+) -> dict[str, float]:
+    """One load run; with `router` (a pid) also that router's CPU µs per request over the run
+    (warm-up included in both the time and the count: the load process reports both)."""
+    before = _tree_cpu(router) if router is not None else 0.0
+    result = _load_process(port, concurrency, seconds, warmup)
+    if router is not None:
+        result["cpu_us"] = (_tree_cpu(router) - before) * 1e6 / max(1.0, result["all_requests"])
+    return result
+
+
+def _load_process(port: int, concurrency: int, seconds: float, warmup: float) -> dict[str, float]:
     out = subprocess.run(
         [
             sys.executable,
@@ -336,8 +378,8 @@ def main_bench(args: argparse.Namespace) -> None:
                 via: dict[str, list[dict[str, float]]] = {name: [] for name in routers}
                 for _ in range(args.repeats):
                     direct.append(_run_load(backend_port, concurrency, args.seconds, args.warmup))
-                    for name, (port, _proc) in routers.items():
-                        via[name].append(_run_load(port, concurrency, args.seconds, args.warmup))
+                    for name, (port, proc) in routers.items():
+                        via[name].append(_run_load(port, concurrency, args.seconds, args.warmup, proc.pid))
                 for name, runs in via.items():
                     rows.append((concurrency, name, _median(direct), _median(runs)))
         finally:
@@ -353,14 +395,14 @@ def _report(args: argparse.Namespace, rows: list[tuple[int, str, dict[str, float
     print(f"strategy {args.strategy}; median of {args.repeats} run(s) x {args.seconds:g} s per cell")
     print(
         f"{'conc':>4} {'router':>22} | {'direct p50':>10} {'p99':>8} | {'router p50':>10} {'p99':>8} | "
-        f"{'added p50':>9} {'p99':>8} | {'router req/s':>12} {'direct req/s':>12}"
+        f"{'added p50':>9} {'p99':>8} | {'router req/s':>12} {'direct req/s':>12} | {'CPU µs/req':>10}"
     )
     for concurrency, name, d, v in rows:
         print(
             f"{concurrency:>4} {name:>22} | {d['p50_ms']:>8.3f}ms {d['p99_ms']:>6.2f}ms | "
             f"{v['p50_ms']:>8.3f}ms {v['p99_ms']:>6.2f}ms | "
             f"{v['p50_ms'] - d['p50_ms']:>7.3f}ms {v['p99_ms'] - d['p99_ms']:>6.2f}ms | "
-            f"{v['rps']:>12.0f} {d['rps']:>12.0f}"
+            f"{v['rps']:>12.0f} {d['rps']:>12.0f} | {v.get('cpu_us', float('nan')):>10.1f}"
         )
     print("targets: added p50 <= 1 ms at concurrency 1; >= 1500 req/s non-stream through the ingress;")
     print("with --peers: req/s at concurrency 64 >= the best peer's, p99 <= 1.5x the best peer's")

@@ -173,3 +173,25 @@ async def test_a_completion_prompt_extending_a_known_one_is_matched_without_a_ca
 def remote_text_key(model: str, prompt: str) -> bytes:
     """What RemoteTokens keys a completion prompt by (the context digest, then the text)."""
     return hashlib.blake2b(orjson.dumps([model, None]), digest_size=16).digest() + prompt.encode()
+
+
+async def test_token_id_prompts_are_matched_by_their_own_ids_without_any_call(nats_server: NatsServer) -> None:
+    async with stack(nats_server.url) as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+        shared = [(i * 7919) % 30000 + 100 for i in range(1500)]  # a long shared head of token ids
+
+        async def ids(prompt: list[int]) -> str:
+            r = await client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4})
+            assert r.status_code == 200, r.text
+            return r.headers["x-continuum-backend"]
+
+        home = await ids([*shared, 1, 2, 3])
+        # RoundRobin alone alternates between the two engines; the KV selector keeps each
+        # request that shares the head where the head is
+        for tail in ([4, 5], [6, 7, 8, 9], [10], [11, 12]):
+            assert await ids([*shared, *tail]) == home
+        kinds = ("request", "known", "known_prefix", "background")
+        assert all(how(ing, kind) == 0 for kind in kinds)  # no /tokenize call at all
+        sample = ing.app.metrics.registry.get_sample_value
+        fallbacks = sample("continuum_kv_precise_fallbacks_total", {"group": "fleet", "reason": "tokenize_failed"})
+        assert not fallbacks

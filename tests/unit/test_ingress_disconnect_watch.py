@@ -1,5 +1,5 @@
 """DisconnectWatch: the request's task is cancelled when its client goes away before the response
-is finished, through the edge protocol's hook or, under another server, a watcher on receive."""
+is finished, through the router's HTTP protocol's hook or, under another server, a watcher on receive."""
 
 from __future__ import annotations
 

@@ -159,12 +159,12 @@ async def send_json(send: Send, status: int, payload: object, headers: list[tupl
 
 
 DISCONNECT_HOOK = "continuum.disconnect"
-"""Scope key under which the router's edge protocol (edge.py) puts the connection's
+"""Scope key under which the router's HTTP protocol (adapters/h1_server.py) puts the connection's
 `DisconnectHook`."""
 
 
 class DisconnectHook:
-    """One per client connection, set by the edge protocol in every request's scope: the
+    """One per client connection, set by the router's HTTP protocol in every request's scope: the
     protocol calls `fire()` when the connection is lost, which calls the callback the request
     being served registered (requests on one connection are served one at a time). It also
     carries the connection's loop: `asyncio.current_task()` without one asks
@@ -188,7 +188,7 @@ class DisconnectWatch:
     Use as a context manager around the upstream work; `disconnected` tells the caller that a
     CancelledError was ours (then the task is un-cancelled and the request ends quietly).
 
-    Under the router's edge protocol the connection's `DisconnectHook` (in the scope) tells it
+    Under the router's HTTP protocol the connection's `DisconnectHook` (in the scope) tells it
     directly; under any other server a watcher task waits for `http.disconnect` on `receive`
     (a task per request costs about a tenth of the router's time on the hot path)."""
 

@@ -1,8 +1,8 @@
 """The backend selection pipeline (seed §"Backend 선택 파이프라인"):
 
     response cache hook (Tier 2)  ->  prefix key (Tier 1)  ->  KV scorer (Tier 4, when
-    registered and the request has a prefix key; decides only above 0.3)  ->  the configured
-    selection_strategy (PrefixAwareHash = the CHWBL ring)
+    registered and the request has a prefix key or a token-id prompt; the seed's scorer decides
+    only above 0.3)  ->  the configured selection_strategy (PrefixAwareHash = the CHWBL ring)
 
 `lookup_cache()` runs once per request; `prepare()` computes the prefix key once; `choose()`
 runs per attempt (a retry excludes the backends already tried). Every decision is recorded in
@@ -26,6 +26,7 @@ from continuum_ingress.policy.scorer import BackendScorer, DecisionObserver, Hol
 from continuum_ingress.policy.strategies import SelectionInput
 from continuum_ingress.pool import BackendPool, BackendState
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.requests import prompt_token_ids
 from continuum_ingress.snapshot import RouterSnapshot
 from continuum_ingress.state import RequestState
 
@@ -93,7 +94,8 @@ class SelectionPipeline:
         candidates = self.candidates(state, snapshot, exclude)
         if not candidates:
             raise NoBackend(f"No healthy backend is available for model '{state.model}'.")
-        if self.selector is not None and state.prefix_key is not None:
+        keyed = state.prefix_key is not None or prompt_token_ids(state.request) is not None
+        if self.selector is not None and keyed:
             picked = await self._selected(state, snapshot, candidates)
             if picked is not None:
                 return picked
@@ -110,7 +112,7 @@ class SelectionPipeline:
         state.route_label = choice.label
         backend = self.pool.get(choice.backend)
         assert backend is not None  # candidates come from the pool
-        if self.selector is not None and state.prefix_key is not None:
+        if self.selector is not None and keyed:
             self.selector.note(state, backend, kv_aware=False)
         return backend
 

@@ -1,8 +1,8 @@
-"""The router's HTTP server: continuum_common.asgi_server.EmbeddedServer (uvicorn in the caller's
-event loop, no signal capture: `serve` and `up` install their own handlers) with the router's
-settings - httptools, the app's lifespan, no Server header, a 30 s graceful drain - and, with an
-`edge`, the edge protocol that enforces the edge limits (continuum_ingress.edge) and its
-keep-alive timeout."""
+"""The router's HTTP server: continuum_common.asgi_server.EmbeddedServer (uvicorn's server in the
+caller's event loop, no signal capture: `serve` and `up` install their own handlers) with the
+router's settings - the app's lifespan, no Server header, a 30 s graceful drain - and, with an
+`edge`, the router's own HTTP/1.1 protocol (adapters/h1_server.py) enforcing the edge limits
+(continuum_ingress.edge); without one, uvicorn's httptools protocol."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import socket
 from typing import Any
 
 from continuum_common.asgi_server import EmbeddedServer
+from continuum_ingress.adapters.h1_server import protocol_factory
 from continuum_ingress.edge import EdgeGuard
 
 
@@ -37,7 +38,7 @@ class RunningServer(EmbeddedServer):
             host,
             port,
             sock=sock,
-            http="httptools" if edge is None else edge.protocol,
+            http="httptools" if edge is None else protocol_factory(edge),
             lifespan="on",
             log_level=log_level,
             server_header=False,

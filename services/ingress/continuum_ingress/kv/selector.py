@@ -49,7 +49,7 @@ from continuum_ingress.policy.kv_cost import (
 )
 from continuum_ingress.policy.kv_scoring import Weights
 from continuum_ingress.policy.scorer import best_scored
-from continuum_ingress.protocol.requests import conversation_start
+from continuum_ingress.protocol.requests import conversation_start, prompt_token_ids
 
 if TYPE_CHECKING:
     from continuum_ingress.kv.metrics import KvScorerMetrics
@@ -172,6 +172,9 @@ class KvSelector:
             return group.approximate_keys(state)
         if group.mode == "prefix_key":
             return group.prefix_key_keys(state)
+        ids = prompt_token_ids(state.request)
+        if ids is not None:  # the engine hashes exactly these: no tokenizer, no call
+            return group.keys_from_tokens(state, ids)
         if group.precise_disabled is not None:
             return group.approximate_keys(state, "disabled")
         if group.encoder is not None:

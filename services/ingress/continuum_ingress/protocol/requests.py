@@ -22,6 +22,7 @@ from continuum_ingress.protocol.checks import (
     MAX_TOKENS,
     MAX_TOP_LOGPROBS,
     array_of_objects,
+    is_int,
     missing,
     nested_too_deep,
     opt_array,
@@ -316,3 +317,16 @@ def conversation_start(request: ParsedRequest) -> bool:
     if not isinstance(messages, list) or not messages:
         return False
     return not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+
+
+def prompt_token_ids(request: ParsedRequest) -> list[int] | None:
+    """The token ids of a completions request whose `prompt` is one array of them (validated:
+    when the first item is an integer token id, every item is), else None. Such a prompt has no
+    text to anchor a prefix key, but its ids are exactly what the engine hashes into blocks, so
+    the KV selector matches it without any tokenizer (docs/kv-scorer.md)."""
+    if request.api is not Api.COMPLETIONS:
+        return None
+    prompt = request.body.get("prompt")
+    if isinstance(prompt, list) and prompt and is_int(prompt[0]):
+        return prompt
+    return None

@@ -1,0 +1,98 @@
+"""The router's HTTP/1.1 protocol writes a small response as one send, a stream's head at the end
+of the loop turn, and a large body without copying it behind the head (a recording transport)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from continuum_ingress.adapters.h1_server import DefaultHeaders, H1ServerProtocol
+from continuum_ingress.edge import EdgeGuard, EdgeLimits
+
+
+class Recording(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sends: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: Any) -> None:
+        self.sends.append(bytes(data))
+
+    def writelines(self, parts: Any) -> None:
+        self.sends.append(b"|".join(bytes(p) for p in parts))  # one call, parts kept apart
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 5000) if name in ("peername", "sockname") else default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def serve_one(
+    app: Any, request: bytes = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", seconds: float = 0.0
+) -> list[bytes]:
+    """What the protocol sent for one request: the loop runs `seconds` (or a few turns)."""
+    state = SimpleNamespace(connections=set(), tasks=set(), default_headers=[(b"date", b"today")], total_requests=0)
+    config = SimpleNamespace(loaded=True, loaded_app=app)
+    guard = EdgeGuard(EdgeLimits(), CollectorRegistry())
+    protocol = H1ServerProtocol(config, state, {}, asyncio.get_running_loop(), guard=guard, defaults=DefaultHeaders())
+    transport = Recording()
+    protocol.connection_made(transport)
+    protocol.data_received(request)
+    if seconds:
+        await asyncio.sleep(seconds)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    protocol.connection_lost(None)
+    return transport.sends
+
+
+async def whole(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"hi"})
+
+
+async def test_a_small_response_is_one_send_with_the_default_headers() -> None:
+    sends = await serve_one(whole)
+    assert sends == [b"HTTP/1.1 200 OK\r\ndate: today\r\ncontent-length: 2\r\n\r\nhi"]
+
+
+async def test_a_stream_head_leaves_before_its_first_chunk() -> None:
+    gate = asyncio.Event()
+
+    async def stream(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await gate.wait()  # the first token takes a while
+        await send({"type": "http.response.body", "body": b"tok"})
+
+    asyncio.get_running_loop().call_later(0.05, gate.set)
+    sends = await serve_one(stream, seconds=0.1)
+    assert sends[0].startswith(b"HTTP/1.1 200 OK\r\n") and sends[0].endswith(b"transfer-encoding: chunked\r\n\r\n")
+    assert sends[1] == b"3\r\ntok\r\n0\r\n\r\n"
+
+
+async def test_a_large_body_is_written_beside_its_head() -> None:
+    body = b"x" * 100_000
+
+    async def large(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"100000")]})
+        await send({"type": "http.response.body", "body": body})
+
+    sends = await serve_one(large)
+    assert len(sends) == 1
+    head, _, rest = sends[0].partition(b"|")
+    assert head.endswith(b"\r\n\r\n") and rest == body
