@@ -158,6 +158,22 @@ async def test_kept_alive_connection_closes_after_the_idle_timeout() -> None:
         writer.close()
 
 
+async def test_a_connection_answered_before_its_body_ended_still_closes_when_idle() -> None:
+    # 413 is answered from the head alone; the body that follows is read and dropped, and then
+    # the connection is idle like any other
+    async with edge_ingress(max_body_bytes=1024) as ing:
+        reader, writer = await connect(ing)
+        writer.write(request_head(length=2000))
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
+        assert head.startswith(b"HTTP/1.1 413")
+        writer.write(b" " * 2000)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        rest = await asyncio.wait_for(reader.read(), 5)  # keepalive_timeout 1s
+        assert rest.endswith(b"}") and 0.5 < loop.time() - started < 4
+        writer.close()
+
+
 async def test_the_per_client_connection_cap_is_429_and_frees_with_closes() -> None:
     async with edge_ingress(header_timeout="5s") as ing:
         held = [await connect(ing) for _ in range(4)]

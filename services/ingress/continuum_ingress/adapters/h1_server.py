@@ -2,15 +2,17 @@
 (llhttp), with the edge limits (continuum_ingress.edge) built in.
 
 Why not uvicorn's protocol: measured on the forwarding hot path
-(`python -m continuum_bench.ingress_latency`, docs/ingress.md "The HTTP server"), uvicorn's
-httptools protocol took about a third of the router's CPU per request - a per-request
-`asyncio.Event`, a bytearray body copied on receive, regular-expression checks of every
-response header, head and body written by separate system calls, three timers armed and
-cancelled per request. This protocol does the same HTTP/1.1 work with one future per wait, the
+(`python -m continuum_bench.ingress_latency`, docs/benchmarks.md "The router's own HTTP
+server"), replacing it took 4-19 % off the router's CPU per request at concurrency 64 and a
+quarter off its added latency at concurrency 1. uvicorn's protocol builds a per-request
+`asyncio.Event`, copies the body into a bytearray and out again, checks every response header
+with regular expressions, writes head and body separately and arms and cancels three timers
+per request. This protocol does the same HTTP/1.1 work with one future per wait, the
 body handed over as received, the head and a small body in one write, and no per-request timer:
 the edge's timeouts are deadlines on the connection that one sweep per server checks
 (`EdgeGuard.track`).
 
+The request/response state the app's `receive` and `send` act on is adapters/h1_cycle.py.
 uvicorn still runs the server around it (socket, lifespan, graceful shutdown: its `Server`
 calls `shutdown()` on every connection and waits for the tasks in `server_state.tasks`); the
 constructor takes uvicorn's protocol arguments.
@@ -311,9 +313,13 @@ class H1ServerProtocol(asyncio.Protocol):
         if self.deadline_kind == "body":
             self.deadline_kind = ""
         cycle = self.pipeline[-1] if self.pipeline else self.cycle
-        if cycle is not None and not cycle.complete:
+        if cycle is None:
+            return
+        if not cycle.complete:
             cycle.more_body = False
             cycle.wake()
+        elif not self.pipeline:  # answered before its body ended: idle from now on
+            self._set_deadline("keepalive", self.limits.keepalive_timeout)
 
     def body_taken(self, size: int) -> None:
         self._unread = max(0, self._unread - size)
