@@ -8,7 +8,8 @@ quarter off its added latency at concurrency 1. uvicorn's protocol builds a per-
 `asyncio.Event`, copies the body into a bytearray and out again, checks every response header
 with regular expressions, writes head and body separately and arms and cancels three timers
 per request. This protocol does the same HTTP/1.1 work with one future per wait, the
-body handed over as received, the head and a small body in one write, and no per-request timer:
+body handed over as received, one send per connection per turn of the loop (head and body of a
+small response together), and no per-request timer:
 the edge's timeouts are deadlines on the connection that one sweep per server checks
 (`EdgeGuard.track`).
 
@@ -110,6 +111,8 @@ class H1ServerProtocol(asyncio.Protocol):
         self.write_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._read_paused = False
+        self._out: list[bytes] = []  # what this turn of the loop writes (one send at its end)
+        self._flush_scheduled = False
         self._unread = 0  # body bytes received and not yet taken by the app
         # request head being parsed
         self._url = b""
@@ -197,7 +200,7 @@ class H1ServerProtocol(asyncio.Protocol):
         response."""
         cycle = self.cycle
         if cycle is None or cycle.complete:
-            self.transport.close()
+            self.close()
         else:
             cycle.keep_alive = False
 
@@ -337,21 +340,21 @@ class H1ServerProtocol(asyncio.Protocol):
             await self.app(cycle.scope, cycle.receive, cycle.send)
         except asyncio.CancelledError:
             if not cycle.complete:  # the server is stopping past its drain time
-                self.transport.close()
+                self.close()
             raise
         except Exception as exc:
             log.error("exception in the ASGI application", exc_info=exc)
             if not cycle.started and not cycle.disconnected:
                 self._internal_error(cycle)
             elif not cycle.complete:
-                self.transport.close()
+                self.close()
         else:
             if not cycle.started and not cycle.disconnected:
                 log.error("the ASGI application returned without starting a response")
                 self._internal_error(cycle)
             elif not cycle.complete and not cycle.disconnected:
                 log.error("the ASGI application returned without completing its response")
-                self.transport.close()
+                self.close()
 
     def _internal_error(self, cycle: RequestCycle) -> None:
         cycle.started = cycle.complete = True
@@ -374,22 +377,44 @@ class H1ServerProtocol(asyncio.Protocol):
             self.write(head, b"")
 
     def write(self, head: bytes, body: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        out = self._out
+        if head:
+            out.append(head)
+        if body:
+            out.append(body)
+        if not self._flush_scheduled and out:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def close(self) -> None:
+        """Close the connection after what this turn of the loop has written."""
+        self.flush()
+        self.transport.close()
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if not out:
+            return
         transport = self.transport
         if transport.is_closing():
+            out.clear()
             return
-        if not head:
-            if body:
-                transport.write(body)
-        elif len(body) <= COALESCE_MAX:
-            transport.write(head + body)
+        if len(out) == 1:
+            transport.write(out[0])
+        elif sum(len(b) for b in out) <= COALESCE_MAX:
+            transport.write(b"".join(out))
         else:
-            transport.writelines((head, body))
+            transport.writelines(out)
+        self._out = []
 
     def response_complete(self, cycle: RequestCycle) -> None:
         self.server_state.total_requests += 1
         transport = self.transport
         if not cycle.keep_alive:
-            transport.close()
+            self.close()
         if transport.is_closing():
             return
         self._unread = 0
@@ -419,10 +444,10 @@ class H1ServerProtocol(asyncio.Protocol):
         busy = cycle is not None and not cycle.complete
         if kind == "keepalive":
             if not busy:
-                self.transport.close()
+                self.close()
         elif kind == "idle":
             self.guard.rejected("idle_timeout")
-            self.transport.close()
+            self.close()
         elif kind == "head":
             if busy:  # a pipelined head behind a request still being answered: wait for it
                 self._set_deadline("head", self.limits.header_timeout)
@@ -437,7 +462,7 @@ class H1ServerProtocol(asyncio.Protocol):
         cycle = self.pipeline[-1] if self.pipeline else self.cycle
         if cycle is not None and cycle.started:
             self.guard.rejected("body_timeout")
-            self.transport.close()
+            self.close()
             return
         if cycle is not None:
             cycle.disconnected = True  # the app's receive() sees a disconnect; its answer is dropped
@@ -457,6 +482,7 @@ class H1ServerProtocol(asyncio.Protocol):
         transport = self.transport
         if transport.is_closing():
             return
+        self.flush()  # an answer written earlier in this turn goes first
         transport.write(edge_error(status, message, reason))
         # A lingering close: closing with unread bytes in the socket makes the kernel send a
         # reset, which can destroy the answer before the client reads it (a client still
