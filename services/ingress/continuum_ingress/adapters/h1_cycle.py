@@ -8,14 +8,27 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from continuum_ingress.adapters.h1_server import H1ServerProtocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class Connection(Protocol):
+    """What a cycle uses of its connection (adapters/h1_server.H1ServerProtocol)."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    write_paused: bool
+
+    async def drain(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def body_taken(self, size: int) -> None: ...
+    def default_headers(self) -> bytes: ...
+    def flush_head(self, cycle: RequestCycle) -> None: ...
+    def write(self, head: bytes, body: bytes) -> None: ...
+    def response_complete(self, cycle: RequestCycle) -> None: ...
 
 
 def status_line(status: int) -> bytes:
@@ -51,7 +64,7 @@ class RequestCycle:
         "waiter",
     )
 
-    def __init__(self, conn: H1ServerProtocol, scope: dict[str, Any], keep_alive: bool, expect: bool) -> None:
+    def __init__(self, conn: Connection, scope: dict[str, Any], keep_alive: bool, expect: bool) -> None:
         self.conn = conn
         self.scope = scope
         self.keep_alive = keep_alive
