@@ -1,7 +1,8 @@
 """One HTTP/1.1 request and its response as the ASGI app sees them: `receive()` hands over the
 request body as the connection received it, `send()` frames the response (Content-Length or
-chunked; the head kept until the first body bytes so a small response leaves in one write).
-The connection (adapters/h1_server.H1ServerProtocol) feeds the body in and writes out."""
+chunked). The connection (adapters/h1_server.H1ServerProtocol) feeds the body in and writes
+out: what one turn of the loop writes leaves in one send, so a small response's head and body
+go together."""
 
 from __future__ import annotations
 
@@ -26,8 +27,7 @@ class Connection(Protocol):
     def resume_reading(self) -> None: ...
     def body_taken(self, size: int) -> None: ...
     def default_headers(self) -> bytes: ...
-    def flush_head(self, cycle: RequestCycle) -> None: ...
-    def write(self, head: bytes, body: bytes) -> None: ...
+    def write(self, data: bytes) -> None: ...
     def response_complete(self, cycle: RequestCycle) -> None: ...
 
 
@@ -54,7 +54,6 @@ class RequestCycle:
         "delivered",
         "disconnected",
         "expect_continue",
-        "head",
         "is_head",
         "keep_alive",
         "more_body",
@@ -78,7 +77,6 @@ class RequestCycle:
         self.complete = False
         self.chunked = False
         self.remaining: int | None = None  # Content-Length still to send
-        self.head = b""  # the response head, until written (with the first body bytes)
         self.waiter: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
@@ -129,10 +127,9 @@ class RequestCycle:
         if not self.started:
             if kind != "http.response.start":
                 raise RuntimeError(f"expected ASGI message 'http.response.start', got {kind!r}")
-            self.head = self._head(message["status"], message.get("headers", ()))
+            conn.write(self._head(message["status"], message.get("headers", ())))
             self.started = True
             self.expect_continue = False
-            conn.loop.call_soon(conn.flush_head, self)
             return
         if kind != "http.response.body":
             raise RuntimeError(f"expected ASGI message 'http.response.body', got {kind!r}")
@@ -150,8 +147,7 @@ class RequestCycle:
             self.remaining -= len(body)
             if self.remaining < 0:
                 raise RuntimeError("response body longer than its Content-Length")
-        head, self.head = self.head, b""
-        conn.write(head, body)
+        conn.write(body)
         if not more:
             self.complete = True
             if self.remaining:

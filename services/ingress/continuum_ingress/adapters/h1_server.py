@@ -52,7 +52,7 @@ from continuum_ingress.edge import LINGER_S, EdgeGuard, edge_error
 log = logging.getLogger(__name__)
 
 HIGH_WATER = 65536  # request body bytes received and not yet taken before reading pauses
-COALESCE_MAX = 16384  # a body up to this size is copied behind the head (one send); above, two buffers
+COALESCE_MAX = 16384  # what one turn writes, up to this size, is joined into one buffer; above, a list
 ASGI_INFO = {"version": "3.0", "spec_version": "2.3"}
 _METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
 _INTERNAL = (
@@ -361,30 +361,20 @@ class H1ServerProtocol(asyncio.Protocol):
         cycle.keep_alive = False
         head = STATUS_LINES[500] + self.default_headers()
         head += b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(_INTERNAL)
-        self.write(head, _INTERNAL)
+        self.write(head + _INTERNAL)
         self.response_complete(cycle)
 
     def default_headers(self) -> bytes:
         return self._defaults.encoded(self.server_state.default_headers)
 
     # -- writing ---------------------------------------------------------------------------
-    def flush_head(self, cycle: RequestCycle) -> None:
-        """Scheduled by the response start: by then the head has usually left with the first
-        body bytes of the same turn of the loop (one send for a whole small response); a
-        stream's head leaves here, at the end of the turn."""
-        if cycle.head and not cycle.disconnected:
-            head, cycle.head = cycle.head, b""
-            self.write(head, b"")
-
-    def write(self, head: bytes, body: bytes) -> None:
-        if self.transport.is_closing():
+    def write(self, data: bytes) -> None:
+        """Queue `data` for the one send at the end of this turn of the loop (a response's
+        head and a small body together; a stream's head without waiting for its first token)."""
+        if not data or self.transport.is_closing():
             return
-        out = self._out
-        if head:
-            out.append(head)
-        if body:
-            out.append(body)
-        if not self._flush_scheduled and out:
+        self._out.append(data)
+        if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self.flush)
 
@@ -395,12 +385,9 @@ class H1ServerProtocol(asyncio.Protocol):
 
     def flush(self) -> None:
         self._flush_scheduled = False
-        out = self._out
-        if not out:
-            return
+        out, self._out = self._out, []
         transport = self.transport
-        if transport.is_closing():
-            out.clear()
+        if not out or transport.is_closing():
             return
         if len(out) == 1:
             transport.write(out[0])
@@ -408,7 +395,6 @@ class H1ServerProtocol(asyncio.Protocol):
             transport.write(b"".join(out))
         else:
             transport.writelines(out)
-        self._out = []
 
     def response_complete(self, cycle: RequestCycle) -> None:
         self.server_state.total_requests += 1
