@@ -22,8 +22,8 @@ many requests share their first messages (a system prompt, a document).
   the last one are then tokenized off the path too (what its siblings will share).
 
 Off-path calls are bounded (`MAX_BACKGROUND` at once per group, more are skipped) and
-deduplicated; every outcome is counted (`continuum_kv_remote_tokenize_total{group, how}`). The request's size is estimated from the known
-part's tokens per byte.
+deduplicated; every outcome is counted (`continuum_kv_remote_tokenize_total{group, how}`). The
+request's size is estimated from the known part's tokens per byte.
 """
 
 from __future__ import annotations
