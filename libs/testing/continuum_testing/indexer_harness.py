@@ -110,15 +110,30 @@ async def consumer_state(nats_url: str, durable: str = "continuum-indexer") -> t
 
 
 async def wait_drained(nats_url: str, timeout: float = 30.0, durable: str = "continuum-indexer") -> None:
+    """Until the durable consumer has settled every message of the stream. "Nothing pending"
+    alone is not enough: the server tells a consumer about a stored message asynchronously
+    (right after a publish is acknowledged its num_pending can still read 0), and a nak'd
+    message waiting for its redelivery counts as neither pending nor unacknowledged."""
     deadline = time.monotonic() + timeout
     state: Any = None
     while time.monotonic() < deadline:
         with contextlib.suppress(NotFoundError):
             state = await consumer_state(nats_url, durable)
-            if state[0] == 0 and state[1] == 0:
+            last = await _stream_last_seq(nats_url)
+            state = (*state, last)
+            if state[0] == 0 and state[1] == 0 and state[2] >= last:
                 return
         await asyncio.sleep(0.05)
     raise AssertionError(f"consumer did not drain in {timeout}s: {state}")
+
+
+async def _stream_last_seq(nats_url: str) -> int:
+    nc = await nats.connect(nats_url)
+    try:
+        info = await nc.jetstream().stream_info(STREAM_NAME)
+        return int(info.state.last_seq or 0)
+    finally:
+        await nc.close()
 
 
 @contextlib.asynccontextmanager
