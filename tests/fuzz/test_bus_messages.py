@@ -34,7 +34,15 @@ from continuum_common.events import EventType, KvEvent, Tier
 from continuum_common.kvindex.block_memory import InMemoryBlockIndex
 from continuum_common.kvindex.memory import InMemoryKvIndex
 from continuum_common.procs import NatsServer
-from continuum_common.wire.decisions import Decision, DecisionDecodeError, decode_decision, encode_decision
+from continuum_common.wire.decisions import (
+    Decision,
+    DecisionDecodeError,
+    Tokenized,
+    decode_decision,
+    decode_tokenized,
+    encode_decision,
+    encode_tokenized,
+)
 from continuum_common.wire.gemini import (
     SUBJECT_DROP,
     SUBJECT_ENSURE,
@@ -255,6 +263,11 @@ decisions = st.builds(
     st.lists(u64s, max_size=8), st.integers(0, 10**9),
 )  # fmt: skip
 
+tokenizations = st.builds(
+    Tokenized, st.text(max_size=20), st.text(max_size=8), st.integers(0, 1), st.binary(min_size=1, max_size=16),
+    st.lists(u64s, max_size=8), st.integers(0, 10**9), st.integers(0, 10**9), st.lists(u64s, max_size=4),
+)  # fmt: skip
+
 
 @st.composite
 def replica_payloads(draw: st.DrawFn, valid: st.SearchStrategy[Any], encode: Any) -> bytes:
@@ -285,6 +298,17 @@ def test_decision_decoder_raises_only_its_error(payload: bytes) -> None:
     except DecisionDecodeError:
         return
     assert isinstance(decision, Decision)
+
+
+@fuzz_settings(1.0)
+@given(payload=replica_payloads(tokenizations, encode_tokenized))
+def test_tokenization_decoder_raises_only_its_error(payload: bytes) -> None:
+    try:
+        learnt = decode_tokenized(payload)
+    except DecisionDecodeError:
+        return
+    assert isinstance(learnt, Tokenized)
+    assert learnt.digest and learnt.kind in (0, 1)
 
 
 # -- gemini-cache protocol -------------------------------------------------------------------------

@@ -12,10 +12,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import nats
 import orjson
 
 from continuum_common.hashing.blocks import make_block_hasher
 from continuum_common.procs import NatsServer
+from continuum_common.wire.decisions import Tokenized, encode_tokenized
 from continuum_ingress.kv.known_prefixes import conversation_digests
 from continuum_sim import SimFleet
 from continuum_testing.ingress_harness import RunningIngress, running_ingress
@@ -195,3 +197,80 @@ async def test_token_id_prompts_are_matched_by_their_own_ids_without_any_call(na
         sample = ing.app.metrics.registry.get_sample_value
         fallbacks = sample("continuum_kv_precise_fallbacks_total", {"group": "fleet", "reason": "tokenize_failed"})
         assert not fallbacks
+
+
+@asynccontextmanager
+async def two_replicas(
+    nats_url: str, **section: Any
+) -> AsyncIterator[tuple[SimFleet, list[RunningIngress], list[httpx.AsyncClient]]]:
+    """Two ingress replicas on one NATS in front of the same two engines."""
+    async with SimFleet(2, time_scale=0.001) as fleet:
+        cfg = config(fleet, nats_url)
+        cfg["kv_cache_index"].update(section)
+        async with running_ingress(cfg) as a, running_ingress(cfg) as b:
+            for ing in (a, b):
+                assert ing.app.kv is not None
+                async with asyncio.timeout(10):
+                    await ing.app.kv.ready.wait()
+                await eventually(lambda ing=ing: ing.app.kv.decisions is not None)  # type: ignore[union-attr,misc]
+            async with (
+                httpx.AsyncClient(base_url=a.url, timeout=10) as ca,
+                httpx.AsyncClient(base_url=b.url, timeout=10) as cb,
+            ):
+                yield fleet, [a, b], [ca, cb]
+
+
+async def test_a_tokenization_one_replica_asked_for_serves_the_other_without_a_call(nats_server: NatsServer) -> None:
+    async with two_replicas(nats_server.url) as (fleet, (a, b), (ca, cb)):
+        model = fleet.endpoints[0].model
+        # replica A asks /tokenize on the path and learns the system prompt off it; both
+        # answers reach replica B over NATS
+        first = [SYSTEM, {"role": "user", "content": "What was the revenue?"}]
+        home = await ask(ca, model, first)
+        assert how(a, "request") == 1
+        await eventually(lambda: how(b, "shared") == 2)
+        # B never asked, yet matches the next turn and a sibling from what A learnt, and sends
+        # them where A sent the conversation (RoundRobin would alternate)
+        turn2 = [*first, {"role": "assistant", "content": "It grew."}, {"role": "user", "content": "Why?"}]
+        assert await ask(cb, model, turn2) == home
+        sibling = [SYSTEM, {"role": "user", "content": "And the costs?"}]
+        assert await ask(cb, model, sibling) == home
+        assert how(b, "request") == 0 and how(b, "known_prefix") == 2
+        remembered = b.app.kv.selector.remote["fleet"].known  # type: ignore[union-attr]
+        assert remembered is not None
+        digests, _ = conversation_digests({"model": model}, model, [SYSTEM])
+        found = remembered.find(digests)
+        assert found is not None
+        assert found[1].chain.tolist() == await engine_chain(fleet, [SYSTEM], generation=False)
+
+        # completion prompts too: A asks for turn 1, B matches turn 2 extending it
+        text1 = "The quarterly report covers revenue, costs and the outlook for next year. " * 80
+        text_home = await complete(ca, model, text1)
+        await eventually(lambda: how(b, "shared") >= 3)
+        assert await complete(cb, model, text1 + "Answer: it grew. Question: why? ") == text_home
+        assert how(b, "request") == 0 and how(b, "known_prefix") == 3
+
+        # an undecodable message and one for a group B does not have: counted or ignored, and
+        # B keeps serving
+        nc = await nats.connect(nats_server.url)
+        try:
+            # (in this order: once the second is counted, the first was handled)
+            stranger = Tokenized("intruder", "no-such-group", 0, b"d" * 16, [1, 2], 32, 100)
+            await nc.publish("continuum.kv.tokenized.intruder", encode_tokenized(stranger))
+            await nc.publish("continuum.kv.tokenized.intruder", b"\x93not-a-tokenization")
+            await nc.flush()
+        finally:
+            await nc.close()
+        dropped = b.app.metrics.registry.get_sample_value
+        await eventually(lambda: (dropped("continuum_kv_decisions_dropped_total", {"reason": "decode"}) or 0) == 1)
+        assert how(b, "shared") == 3
+        assert await ask(cb, model, turn2) == home
+
+
+async def test_with_decision_sharing_off_each_replica_asks_for_itself(nats_server: NatsServer) -> None:
+    async with two_replicas(nats_server.url, share_decisions=False) as (fleet, (a, b), (ca, cb)):
+        model = fleet.endpoints[0].model
+        await ask(ca, model, [SYSTEM, {"role": "user", "content": "What was the revenue?"}])
+        await eventually(lambda: how(a, "background") == 1)
+        await ask(cb, model, [SYSTEM, {"role": "user", "content": "And the costs?"}])
+        assert how(b, "request") == 1 and how(b, "shared") == 0 and how(a, "shared") == 0

@@ -12,6 +12,18 @@ decision. msgpack via msgspec, a tagged array:
 
 `kind` 0 = speculative block entry (precise mode), 1 = approximate chunk record. `new_tokens` is
 the uncached prompt the backend was given (the replicas' shared view of recent demand).
+
+On their own subject, `continuum.kv.tokenized.<replica>`, replicas without a local tokenizer
+share what an engine's `/tokenize` answered, so a turn that lands on another replica than the
+one that asked is matched without a call on its path either (a separate subject: replicas that
+do not know the message never receive it). Again a tagged array:
+
+    [replica, group, kind, digest, chain, tokens, nbytes, chunks]
+
+`kind` 0 = a chat message prefix (`digest`: its conversation digest), 1 = a completion prompt
+(`digest`: the digest of its text, `chunks`: the chained hashes of its text chunks). `chain` is
+the block hashes of the tokenization, `tokens` its length, `nbytes` the size of what it covered.
+Digests and hashes only: no text and no token ids go on the bus.
 """
 
 from __future__ import annotations
@@ -26,9 +38,14 @@ from continuum_common.wire.codec import StructCodec
 
 SUBJECT_PREFIX: Final = "continuum.kv.decisions."
 SUBJECT_WILDCARD: Final = "continuum.kv.decisions.*"
+TOKENIZED_PREFIX: Final = "continuum.kv.tokenized."
+TOKENIZED_WILDCARD: Final = "continuum.kv.tokenized.*"
 KIND_SPECULATIVE: Final = 0
 KIND_APPROXIMATE: Final = 1
+KIND_CHAT: Final = 0
+KIND_TEXT: Final = 1
 MAX_KEYS: Final = 1 << 17
+MAX_CHUNKS: Final = 1 << 16
 
 _U64 = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -43,6 +60,10 @@ def replica_id(host: str, pid: int, nonce: str) -> str:
 
 def subject_for(replica: str) -> str:
     return SUBJECT_PREFIX + replica
+
+
+def tokenized_subject_for(replica: str) -> str:
+    return TOKENIZED_PREFIX + replica
 
 
 class DecisionDecodeError(ContinuumError, ValueError):
@@ -62,3 +83,19 @@ class Decision(msgspec.Struct, array_like=True, frozen=True):
 _codec = StructCodec(Decision, DecisionDecodeError, "decision")
 encode_decision = _codec.encode
 decode_decision = _codec.decode
+
+
+class Tokenized(msgspec.Struct, array_like=True, frozen=True):
+    replica: str
+    group: str
+    kind: Annotated[int, msgspec.Meta(ge=0, le=1)]
+    digest: Annotated[bytes, msgspec.Meta(min_length=1, max_length=64)]
+    chain: Annotated[list[_U64], msgspec.Meta(max_length=MAX_KEYS)]
+    tokens: Annotated[int, msgspec.Meta(ge=0)]
+    nbytes: Annotated[int, msgspec.Meta(ge=0)]
+    chunks: Annotated[list[_U64], msgspec.Meta(max_length=MAX_CHUNKS)] = []
+
+
+_tokenized_codec = StructCodec(Tokenized, DecisionDecodeError, "tokenization")
+encode_tokenized = _tokenized_codec.encode
+decode_tokenized = _tokenized_codec.decode

@@ -8,8 +8,8 @@ Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns
   delegates prefix-key groups to the seed's scorer (`KvOverlapScorer`);
 * the block index it reads (engine block hashes): the embedded InMemoryBlockIndex (memory) or a
   read-only RedisBlockIndex (redis), through `BlockReads`;
-* the decision share (kv/adapters/decisions.py): routing decisions to and from the other
-  ingress replicas over NATS;
+* the decision share (kv/adapters/decisions.py): routing decisions, and what the engines'
+  `/tokenize` answered, to and from the other ingress replicas over NATS;
 * the hand-off of the other replicas' routing decisions to the shared load view
   (load_share.py, which the app owns and runs on this component's NATS connection);
 * a watch that forgets what was recorded about a backend whose engine cleared its cache (the
@@ -198,9 +198,13 @@ class KvRouting:
             log.exception("the KV index feed stopped")
 
     async def _share_decisions(self) -> None:
-        share = DecisionShare(self.nc, self.replica, self._remote_decision, on_drop=self._decision_dropped)
+        tokenized = self.selector.apply_tokenized if self.selector.remote else None
+        share = DecisionShare(
+            self.nc, self.replica, self._remote_decision, on_drop=self._decision_dropped, on_tokenized=tokenized
+        )
         self.decisions = share
         self.selector.share = self._offer_decision
+        self.selector.share_tokenizations(share.offer_tokenized)
         await share.run()
 
     def _offer_decision(self, decision: Decision) -> None:

@@ -144,12 +144,17 @@ class KnownTexts:
                 return entry.known, j * self.chunk_bytes
         return None
 
-    def put(self, data: bytes, known: Known) -> None:
+    def put(self, data: bytes, known: Known) -> tuple[bytes, list[int]]:
+        """Remember `data`'s tokenization; returns its digest and chunk hashes (what another
+        replica needs to remember it too, `put_hashed`)."""
+        digest, chunks = text_digest(data), chunk_chain(data, self.chunk_bytes)
+        self.put_hashed(digest, chunks, known)
+        return digest, chunks
+
+    def put_hashed(self, digest: bytes, chunks: list[int], known: Known) -> None:
         if len(known.chain) > self.max_blocks:
             return
-        digest = text_digest(data)
         self._drop(digest)
-        chunks = chunk_chain(data, self.chunk_bytes)
         self._entries[digest] = _TextEntry(known, chunks)
         for c in chunks:
             self._chunks[c] = digest

@@ -54,7 +54,7 @@ class KvScorerMetrics:
             "Precise requests without a local tokenizer, by how their tokens were found (request: a"
             " /tokenize call on the request's path; known, known_prefix: remembered by conversation"
             " prefix, no call), and off-path /tokenize calls (background, background_skipped,"
-            " background_failed)",
+            " background_failed), and tokenizations another ingress replica shared (shared)",
             ["group", "how"],
             registry=r,
         )

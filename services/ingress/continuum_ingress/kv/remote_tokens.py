@@ -20,6 +20,9 @@ many requests share their first messages (a system prompt, a document).
 * A known part under `MIN_KNOWN_TOKENS` is not used: short prompts are asked on their path.
 * Only a request with nothing close known asks on its path; a chat request's messages without
   the last one are then tokenized off the path too (what its siblings will share).
+* Every answer remembered is also offered to the other ingress replicas (`share`, set by the
+  KV component: digests and block hashes over NATS, continuum_common.wire.decisions), and what
+  they learnt is remembered here (`apply_shared`), so N replicas ask as often as one.
 
 Off-path calls are bounded (`MAX_BACKGROUND` at once per group, more are skipped) and
 deduplicated; every outcome is counted (`continuum_kv_remote_tokenize_total{group, how}`). The
@@ -34,10 +37,12 @@ import logging
 from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from continuum_common.wire.decisions import KIND_CHAT, KIND_TEXT, Tokenized
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, chat_messages
 from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, KnownTexts, conversation_digests, text_digest
 from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
@@ -96,6 +101,9 @@ class RemoteTokens:
         self.max_background = max_background
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending: set[bytes] = set()
+        # set once NATS is connected: what this replica learns, offered to the others
+        self.share: Callable[[Tokenized], None] | None = None
+        self.replica = ""
 
     async def keys(self, state: RequestState, client: Upstream) -> RequestKeys:
         """The request's keys (raises TokenizeFailed when a call on the path fails)."""
@@ -114,16 +122,16 @@ class RemoteTokens:
                 return RequestKeys("precise", known.chain.tolist(), self.bs, max(1, known.tokens))
             if k < n and (len(known.chain) - 1) * self.bs >= MIN_KNOWN_TOKENS:
                 self.count(self.group.name, "known_prefix")
-                store, key = self.known, digests[n - 1]
-                self._background(client, state, _Lesson(key, lambda kn: store.put(key, kn), sum(sizes)))
+                key = digests[n - 1]
+                self._background(client, state, _Lesson(key, partial(self._remember_chat, key), sum(sizes)))
                 estimate = known.tokens + sum(sizes[k:]) * known.tokens / max(1, known.nbytes)
                 return RequestKeys("precise", known.chain[:-1].tolist(), self.bs, max(1, round(estimate)))
         keys = await self._asked(state, client)
-        self.known.put(digests[n - 1], Known(array("Q", keys.chain), keys.prompt_tokens, sum(sizes)))
+        self._remember_chat(digests[n - 1], Known(array("Q", keys.chain), keys.prompt_tokens, sum(sizes)))
         if n >= 2 and digests[n - 2] not in self.known:
-            store, key = self.known, digests[n - 2]
-            lesson = _Lesson(key, lambda kn: store.put(key, kn), sum(sizes[:-1]), messages[:-1], generation=False)
-            self._background(client, state, lesson)
+            key = digests[n - 2]
+            remember = partial(self._remember_chat, key)
+            self._background(client, state, _Lesson(key, remember, sum(sizes[:-1]), messages[:-1], generation=False))
         return keys
 
     async def _completion_keys(self, state: RequestState, client: Upstream) -> RequestKeys:
@@ -143,13 +151,12 @@ class RemoteTokens:
             blocks = int((shared - _HEAD) * per_byte * TEXT_MARGIN / self.bs)
             if shared >= MIN_TEXT_COVERAGE * len(data) and blocks * self.bs >= MIN_KNOWN_TOKENS:
                 self.count(self.group.name, "known_prefix")
-                texts = self.texts
                 key = text_digest(data)
-                self._background(client, state, _Lesson(key, lambda kn: texts.put(data, kn), len(data)))
+                self._background(client, state, _Lesson(key, partial(self._remember_text, data), len(data)))
                 estimate = (len(data) - _HEAD) * per_byte
                 return RequestKeys("precise", known.chain[:blocks].tolist(), self.bs, max(1, round(estimate)))
         keys = await self._asked(state, client)
-        self.texts.put(data, Known(array("Q", keys.chain), keys.prompt_tokens, len(data)))
+        self._remember_text(data, Known(array("Q", keys.chain), keys.prompt_tokens, len(data)))
         return keys
 
     async def _asked(self, state: RequestState, client: Upstream) -> RequestKeys:
@@ -204,6 +211,39 @@ class RemoteTokens:
             self._pending.discard(lesson.key)
         self.count(self.group.name, "background")
         lesson.remember(Known(array("Q", keys.chain), len(tokens), lesson.nbytes))
+
+    # -- remembering, here and on the other replicas ----------------------------------------
+    def _remember_chat(self, digest: bytes, known: Known) -> None:
+        if self.known is None:
+            return
+        self.known.put(digest, known)
+        self._offer(KIND_CHAT, digest, known, [])
+
+    def _remember_text(self, data: bytes, known: Known) -> None:
+        if self.texts is None:
+            return
+        digest, chunks = self.texts.put(data, known)
+        self._offer(KIND_TEXT, digest, known, chunks)
+
+    def _offer(self, kind: int, digest: bytes, known: Known, chunks: list[int]) -> None:
+        if self.share is None or not known.chain:
+            return
+        self.share(
+            Tokenized(
+                self.replica, self.group.name, kind, digest, known.chain.tolist(), known.tokens, known.nbytes, chunks
+            )
+        )
+
+    def apply_shared(self, learnt: Tokenized) -> None:
+        """What another replica learnt from `/tokenize`: remembered as if asked here."""
+        known = Known(array("Q", learnt.chain), learnt.tokens, learnt.nbytes)
+        if learnt.kind == KIND_CHAT and self.known is not None:
+            self.known.put(learnt.digest, known)
+        elif learnt.kind == KIND_TEXT and self.texts is not None:
+            self.texts.put_hashed(learnt.digest, list(learnt.chunks), known)
+        else:
+            return
+        self.count(self.group.name, "shared")
 
     def clear(self) -> None:
         if self.known is not None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from continuum_common.config.router import RouterConfig
 from continuum_common.kvindex.types import KvIndexError
 from continuum_common.ring import RouteLabel
-from continuum_common.wire.decisions import KIND_APPROXIMATE, KIND_SPECULATIVE, Decision
+from continuum_common.wire.decisions import KIND_APPROXIMATE, KIND_SPECULATIVE, Decision, Tokenized
 from continuum_ingress.kv.audit import TokenizerAudit
 from continuum_ingress.kv.block_reads import BlockReads
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, build_groups
@@ -315,6 +315,21 @@ class KvSelector:
         elif decision.kind == KIND_APPROXIMATE:
             memory = group.fallback_memory if group.fallback_memory is not None else group.memory
             memory.record(decision.backend, decision.keys, self.clock())
+
+    def share_tokenizations(self, offer: Callable[[Tokenized], None]) -> None:
+        """Offer what each group without a local tokenizer learns from `/tokenize` to the other
+        replicas (with `share_decisions`; called once NATS is connected)."""
+        if not self.share_decisions:
+            return
+        for remote in self.remote.values():
+            remote.replica = self.replica
+            remote.share = offer
+
+    def apply_tokenized(self, learnt: Tokenized) -> None:
+        """What another replica learnt from `/tokenize`, remembered here (unknown group: ignored)."""
+        remote = self.remote.get(learnt.group)
+        if remote is not None and self.share_decisions:
+            remote.apply_shared(learnt)
 
     def wipe(self, backend: str) -> None:
         """The backend's engine lost its cache (cleared, restarted): forget what we recorded."""

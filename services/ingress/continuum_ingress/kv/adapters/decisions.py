@@ -1,10 +1,10 @@
-"""Routing decisions to and from the other ingress replicas over core NATS
-(continuum_common.wire.decisions).
+"""Routing decisions, and what `/tokenize` answered, to and from the other ingress replicas over
+core NATS (continuum_common.wire.decisions: two subjects, one publishing queue).
 
-Publishing never blocks a request: `offer()` puts the decision in a bounded queue that one task
-drains into the NATS client; when the queue is full (NATS slow or down) the decision is dropped
-and counted. Received decisions from other replicas are handed to `on_decision`; undecodable
-ones are counted and dropped. This replica's own messages (NATS echoes them) are recognised by
+Publishing never blocks a request: `offer()` / `offer_tokenized()` put the message in a bounded
+queue that one task drains into the NATS client; when the queue is full (NATS slow or down) the
+message is dropped and counted. Received messages from other replicas are handed to
+`on_decision` / `on_tokenized`; undecodable ones are counted and dropped. This replica's own messages (NATS echoes them) are recognised by
 their subject and skipped without decoding.
 """
 
@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -21,11 +22,16 @@ from nats.aio.subscription import Subscription
 
 from continuum_common.wire.decisions import (
     SUBJECT_WILDCARD,
+    TOKENIZED_WILDCARD,
     Decision,
     DecisionDecodeError,
+    Tokenized,
     decode_decision,
+    decode_tokenized,
     encode_decision,
+    encode_tokenized,
     subject_for,
+    tokenized_subject_for,
 )
 
 log = logging.getLogger("continuum.ingress.kv")
@@ -41,42 +47,54 @@ class DecisionShare:
         on_decision: Callable[[Decision], None],
         *,
         on_drop: Callable[[str], None] | None = None,
+        on_tokenized: Callable[[Tokenized], None] | None = None,
         queue_size: int = QUEUE_SIZE,
     ) -> None:
         self.nc = nc
         self.replica = replica
         self.subject = subject_for(replica)
+        self.tokenized_subject = tokenized_subject_for(replica)
         self.on_decision = on_decision
+        self.on_tokenized = on_tokenized
         self.on_drop = on_drop or (lambda reason: None)
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue(queue_size)
-        self._sub: Subscription | None = None
+        self._queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(queue_size)
+        self._subs: list[Subscription] = []
         self.sent = 0
         self.received = 0
 
     def offer(self, decision: Decision) -> None:
+        self._put(self.subject, encode_decision, decision)
+
+    def offer_tokenized(self, learnt: Tokenized) -> None:
+        self._put(self.tokenized_subject, encode_tokenized, learnt)
+
+    def _put(self, subject: str, encode: Callable[[Any], bytes], message: object) -> None:
         if not self.nc.is_connected:
             self.on_drop("bus_down")
             return
         try:
-            self._queue.put_nowait(encode_decision(decision))
+            self._queue.put_nowait((subject, encode(message)))
         except asyncio.QueueFull:
             self.on_drop("queue_full")
 
     async def run(self) -> None:
-        """Subscribe, then publish queued decisions until cancelled (NATS must be connected)."""
-        self._sub = await self.nc.subscribe(SUBJECT_WILDCARD, cb=self._received)
+        """Subscribe, then publish queued messages until cancelled (NATS must be connected)."""
+        self._subs.append(await self.nc.subscribe(SUBJECT_WILDCARD, cb=self._received))
+        if self.on_tokenized is not None:
+            self._subs.append(await self.nc.subscribe(TOKENIZED_WILDCARD, cb=self._received_tokenized))
         try:
             while True:
-                payload = await self._queue.get()
+                subject, payload = await self._queue.get()
                 try:
-                    await self.nc.publish(self.subject, payload)
+                    await self.nc.publish(subject, payload)
                     self.sent += 1
                 except Exception as exc:  # nats-py raises several types when disconnected
                     self.on_drop("publish_failed")
                     log.debug("decision not published: %s", type(exc).__name__)
         finally:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+            for sub in self._subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def _received(self, msg: Msg) -> None:
         if msg.subject == self.subject:
@@ -90,3 +108,16 @@ class DecisionShare:
             return
         self.received += 1
         self.on_decision(decision)
+
+    async def _received_tokenized(self, msg: Msg) -> None:
+        if msg.subject == self.tokenized_subject or self.on_tokenized is None:
+            return
+        try:
+            learnt = decode_tokenized(msg.data)
+        except DecisionDecodeError:
+            self.on_drop("decode")
+            return
+        if learnt.replica == self.replica:
+            return
+        self.received += 1
+        self.on_tokenized(learnt)
