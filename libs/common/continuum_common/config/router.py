@@ -355,8 +355,8 @@ class KvCacheIndex(Section):
     default_mode: MatchMode = "approximate"
     approximate: ApproximateMatching = ApproximateMatching()
     groups: list[MatchGroup] = []
-    # Share routing decisions (speculative entries, approximate records) with the other
-    # ingress replicas over NATS.
+    # Share routing decisions (speculative entries, approximate records) and remembered
+    # /tokenize answers with the other ingress replicas over NATS.
     share_decisions: bool = True
     # The older place of the top-level `load_sharing` section (still accepted; not both).
     load_sharing: LoadSharing | None = None
