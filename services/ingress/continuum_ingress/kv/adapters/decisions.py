@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -37,6 +37,8 @@ from continuum_common.wire.decisions import (
 log = logging.getLogger("continuum.ingress.kv")
 
 QUEUE_SIZE = 4096
+
+M = TypeVar("M", Decision, Tokenized)
 
 
 class DecisionShare:
@@ -97,27 +99,26 @@ class DecisionShare:
                     await sub.unsubscribe()
 
     async def _received(self, msg: Msg) -> None:
-        if msg.subject == self.subject:
-            return
-        try:
-            decision = decode_decision(msg.data)
-        except DecisionDecodeError:
-            self.on_drop("decode")
-            return
-        if decision.replica == self.replica:
-            return
-        self.received += 1
-        self.on_decision(decision)
+        decision = self._decode(msg, self.subject, decode_decision)
+        if decision is not None:
+            self.on_decision(decision)
 
     async def _received_tokenized(self, msg: Msg) -> None:
-        if msg.subject == self.tokenized_subject or self.on_tokenized is None:
-            return
+        learnt = self._decode(msg, self.tokenized_subject, decode_tokenized)
+        if learnt is not None and self.on_tokenized is not None:
+            self.on_tokenized(learnt)
+
+    def _decode(self, msg: Msg, own_subject: str, decode: Callable[[bytes], M]) -> M | None:
+        """Another replica's message, or None for our own echo and for what cannot be decoded
+        (counted)."""
+        if msg.subject == own_subject:
+            return None
         try:
-            learnt = decode_tokenized(msg.data)
+            message = decode(msg.data)
         except DecisionDecodeError:
             self.on_drop("decode")
-            return
-        if learnt.replica == self.replica:
-            return
+            return None
+        if message.replica == self.replica:
+            return None
         self.received += 1
-        self.on_tokenized(learnt)
+        return message
