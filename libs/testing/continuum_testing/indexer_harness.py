@@ -116,24 +116,21 @@ async def wait_drained(nats_url: str, timeout: float = 30.0, durable: str = "con
     message waiting for its redelivery counts as neither pending nor unacknowledged."""
     deadline = time.monotonic() + timeout
     state: Any = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(NotFoundError):
-            state = await consumer_state(nats_url, durable)
-            last = await _stream_last_seq(nats_url)
-            state = (*state, last)
-            if state[0] == 0 and state[1] == 0 and state[2] >= last:
-                return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"consumer did not drain in {timeout}s: {state}")
-
-
-async def _stream_last_seq(nats_url: str) -> int:
     nc = await nats.connect(nats_url)
     try:
-        info = await nc.jetstream().stream_info(STREAM_NAME)
-        return int(info.state.last_seq or 0)
+        js = nc.jetstream()
+        while time.monotonic() < deadline:
+            with contextlib.suppress(NotFoundError):
+                info = await js.consumer_info(STREAM_NAME, durable)
+                last = (await js.stream_info(STREAM_NAME)).state.last_seq or 0
+                floor = info.ack_floor.stream_seq if info.ack_floor else 0
+                state = (info.num_pending or 0, info.num_ack_pending or 0, floor, last)
+                if state[0] == 0 and state[1] == 0 and floor >= last:
+                    return
+            await asyncio.sleep(0.05)
     finally:
         await nc.close()
+    raise AssertionError(f"consumer did not drain in {timeout}s: (pending, unacked, ack floor, last) = {state}")
 
 
 @contextlib.asynccontextmanager

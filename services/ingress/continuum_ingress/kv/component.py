@@ -198,13 +198,15 @@ class KvRouting:
             log.exception("the KV index feed stopped")
 
     async def _share_decisions(self) -> None:
-        tokenized = self.selector.apply_tokenized if self.selector.remote else None
+        selector = self.selector
+        tokenized = selector.apply_tokenized if selector.shares_tokenizations else None
         share = DecisionShare(
             self.nc, self.replica, self._remote_decision, on_drop=self._decision_dropped, on_tokenized=tokenized
         )
         self.decisions = share
-        self.selector.share = self._offer_decision
-        self.selector.share_tokenizations(share.offer_tokenized)
+        selector.share = self._offer_decision
+        if tokenized is not None:
+            selector.share_tokenizations(share.offer_tokenized)
         await share.run()
 
     def _offer_decision(self, decision: Decision) -> None:

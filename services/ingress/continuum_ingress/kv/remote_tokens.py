@@ -89,6 +89,7 @@ class RemoteTokens:
         *,
         max_blocks: int,
         max_background: int = MAX_BACKGROUND,
+        replica: str = "",
     ) -> None:
         assert group.config is not None and group.hasher is not None
         self.group = group
@@ -103,7 +104,7 @@ class RemoteTokens:
         self._pending: set[bytes] = set()
         # set once NATS is connected: what this replica learns, offered to the others
         self.share: Callable[[Tokenized], None] | None = None
-        self.replica = ""
+        self.replica = replica
 
     async def keys(self, state: RequestState, client: Upstream) -> RequestKeys:
         """The request's keys (raises TokenizeFailed when a call on the path fails)."""

@@ -113,6 +113,7 @@ class KvSelector:
                 g,
                 lambda group, how: metrics.remote_tokenize.labels(group, how).inc(),
                 max_blocks=g.config.tokenize_memory_blocks,
+                replica=replica,
             )
             for g in self.groups.values()
             if g.mode == "precise" and g.encoder is None and g.config is not None and g.hasher is not None
@@ -316,19 +317,21 @@ class KvSelector:
             memory = group.fallback_memory if group.fallback_memory is not None else group.memory
             memory.record(decision.backend, decision.keys, self.clock())
 
+    @property
+    def shares_tokenizations(self) -> bool:
+        """Whether this replica exchanges `/tokenize` answers with the others."""
+        return self.share_decisions and bool(self.remote)
+
     def share_tokenizations(self, offer: Callable[[Tokenized], None]) -> None:
         """Offer what each group without a local tokenizer learns from `/tokenize` to the other
-        replicas (with `share_decisions`; called once NATS is connected)."""
-        if not self.share_decisions:
-            return
+        replicas (called once NATS is connected, when `shares_tokenizations`)."""
         for remote in self.remote.values():
-            remote.replica = self.replica
             remote.share = offer
 
     def apply_tokenized(self, learnt: Tokenized) -> None:
         """What another replica learnt from `/tokenize`, remembered here (unknown group: ignored)."""
         remote = self.remote.get(learnt.group)
-        if remote is not None and self.share_decisions:
+        if remote is not None:
             remote.apply_shared(learnt)
 
     def wipe(self, backend: str) -> None:

@@ -4,8 +4,9 @@ core NATS (continuum_common.wire.decisions: two subjects, one publishing queue).
 Publishing never blocks a request: `offer()` / `offer_tokenized()` put the message in a bounded
 queue that one task drains into the NATS client; when the queue is full (NATS slow or down) the
 message is dropped and counted. Received messages from other replicas are handed to
-`on_decision` / `on_tokenized`; undecodable ones are counted and dropped. This replica's own messages (NATS echoes them) are recognised by
-their subject and skipped without decoding.
+`on_decision` / `on_tokenized` (without `on_tokenized` that subject is not subscribed);
+undecodable ones are counted and dropped. This replica's own messages (NATS echoes them) are
+recognised by their subject and skipped without decoding.
 """
 
 from __future__ import annotations
