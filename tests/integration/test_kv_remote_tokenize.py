@@ -166,9 +166,16 @@ async def test_a_completion_prompt_extending_a_known_one_is_matched_without_a_ca
         learnt = remote.texts.find(remote_text_key(model, turn2))
         assert learnt is not None and learnt[0].chain.tolist() == engine
 
-        # a prompt sharing less than half of its text with anything known: asked on the path
-        await complete(client, model, turn1[:200] + "Something else entirely. " * 60)
+        # a known prompt followed by three times as much new text: matched by what is known
+        # (the new text is held nowhere yet), no call on its path, same engine
+        fork = turn1 + "A different question about the appendix and its tables. " * 300
+        assert await complete(client, model, fork) == home
+        assert how(ing, "request") == 1 and how(ing, "known_prefix") == 2
+
+        # a prompt sharing less than 512 tokens with anything known: asked on the path
+        await complete(client, model, turn1[:1500] + "Something else entirely. " * 60)
         assert how(ing, "request") == 2
+        await eventually(lambda: how(ing, "background") == 2)
         assert how(ing, "background_failed") == 0
 
 

@@ -13,10 +13,10 @@ many requests share their first messages (a system prompt, a document).
   prompt) differently from the same point inside a longer one. Its newest messages are not
   matched (nobody holds them yet, except for an exact repeat). Off the path, its own messages
   are then tokenized (what its next turn will share).
-* **Completions.** A prompt that repeats a known one, or extends one over at least
-  `MIN_TEXT_COVERAGE` of its bytes, is matched with the known prompt's block hashes up to a
-  margin short of the shared text (tokens per byte estimated from the known prompt); then its
-  own text is learnt off the path.
+* **Completions.** A prompt that repeats a known one, or starts with a known one's text (to a
+  512-byte chunk), is matched with the known prompt's block hashes up to a margin short of the
+  shared text (tokens per byte estimated from the known prompt), however long the rest: as in
+  chat, the new text is held nowhere yet; then its own text is learnt off the path.
 * A known part under `MIN_KNOWN_TOKENS` is not used: short prompts are asked on their path.
 * Only a request with nothing close known asks on its path; a chat request's messages without
   the last one are then tokenized off the path too (what its siblings will share).
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("continuum.ingress.kv")
 
 MAX_BACKGROUND = 16  # off-path /tokenize calls at once, per match group
-MIN_TEXT_COVERAGE = 0.5  # a known prompt must cover this much of a completion prompt
 TEXT_MARGIN = 0.9  # of the estimated tokens in the shared text, the part matched
 _HEAD = 16  # bytes of context digest before a completion prompt's text
 # A known prefix shorter than this is not used (the request is asked on its path): with a short
@@ -150,7 +149,7 @@ class RemoteTokens:
                 return RequestKeys("precise", known.chain.tolist(), self.bs, max(1, known.tokens))
             per_byte = known.tokens / max(1, known.nbytes - _HEAD)
             blocks = int((shared - _HEAD) * per_byte * TEXT_MARGIN / self.bs)
-            if shared >= MIN_TEXT_COVERAGE * len(data) and blocks * self.bs >= MIN_KNOWN_TOKENS:
+            if blocks * self.bs >= MIN_KNOWN_TOKENS:
                 self.count(self.group.name, "known_prefix")
                 key = text_digest(data)
                 self._background(client, state, _Lesson(key, partial(self._remember_text, data), len(data)))
