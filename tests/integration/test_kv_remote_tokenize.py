@@ -179,6 +179,19 @@ async def test_a_completion_prompt_extending_a_known_one_is_matched_without_a_ca
         assert how(ing, "background_failed") == 0
 
 
+async def test_the_smallest_known_part_used_is_configurable(nats_server: NatsServer) -> None:
+    async with stack(nats_server.url, tokenize_memory_min_tokens=64) as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+        turn1 = "The quarterly report covers revenue, costs and the outlook for next year. " * 80
+        home = await complete(client, model, turn1)
+        # about 300 known tokens, most of the prompt: under the default 512 this asks on its path
+        short = turn1[:1600] + "Something else entirely. " * 20
+        went = await complete(client, model, short)
+        assert how(ing, "request") == 1 and how(ing, "known_prefix") == 1
+        assert went == home
+        await eventually(lambda: how(ing, "background") == 1)
+
+
 def remote_text_key(model: str, prompt: str) -> bytes:
     """What RemoteTokens keys a completion prompt by (the context digest, then the text)."""
     return hashlib.blake2b(orjson.dumps([model, None]), digest_size=16).digest() + prompt.encode()

@@ -3,7 +3,8 @@
 `kv_cache_index.scoring.cost`: `pen<miss_penalty>`, `eps<load_factor_epsilon>`; `nostarts`
 turns off the placement of conversation starts, `noload` the shared load view between replicas,
 `slack<n>` sets `load_bound_slack`, `req<n>` `placement_request_tokens`, `nomemory` turns off
-the remembered tokenizations (`tokenize_memory_blocks: 0`). `pen<n>` sets only
+the remembered tokenizations (`tokenize_memory_blocks: 0`), `known<n>` sets the smallest
+remembered part used (`tokenize_memory_min_tokens`). `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
 
@@ -82,3 +83,14 @@ register_stack(
     "continuum-kv-precise-nomemory",
     KvStack("continuum-kv-precise-nomemory", "memory", "precise", "blocks", group=(("tokenize_memory_blocks", 0),)),
 )
+
+# The smallest remembered part a request is matched with (else it asks /tokenize on its path).
+for _min in (0, 128, 256, 512):
+    for _replicas, _suffix in ((1, ""), (3, "-x3")):
+        _name = f"continuum-kv-precise{_suffix}-known{_min}"
+        register_stack(
+            _name,
+            KvStack(
+                _name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_memory_min_tokens", _min),)
+            ),
+        )

@@ -327,6 +327,9 @@ class MatchGroup(Section):
     # conversation prefix (at most this many hashes, 8 bytes each), so a new turn or a request
     # sharing its first messages is matched without a call on its path. 0: every request asks.
     tokenize_memory_blocks: int = Field(1_000_000, ge=0, le=100_000_000)
+    # The smallest remembered part (in tokens) a request is matched with; a request that shares
+    # less with anything known asks on its path.
+    tokenize_memory_min_tokens: int = Field(512, ge=0, le=1_000_000)
     approximate: ApproximateMatching = ApproximateMatching()
 
     @model_validator(mode="after")

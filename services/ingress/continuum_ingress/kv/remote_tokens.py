@@ -17,7 +17,8 @@ many requests share their first messages (a system prompt, a document).
   512-byte chunk), is matched with the known prompt's block hashes up to a margin short of the
   shared text (tokens per byte estimated from the known prompt), however long the rest: as in
   chat, the new text is held nowhere yet; then its own text is learnt off the path.
-* A known part under `MIN_KNOWN_TOKENS` is not used: short prompts are asked on their path.
+* A known part under the group's `tokenize_memory_min_tokens` is not used: such a request is
+  asked on its path.
 * Only a request with nothing close known asks on its path; a chat request's messages without
   the last one are then tokenized off the path too (what its siblings will share).
 * Every answer remembered is also offered to the other ingress replicas (`share`, set by the
@@ -57,10 +58,6 @@ log = logging.getLogger("continuum.ingress.kv")
 MAX_BACKGROUND = 16  # off-path /tokenize calls at once, per match group
 TEXT_MARGIN = 0.9  # of the estimated tokens in the shared text, the part matched
 _HEAD = 16  # bytes of context digest before a completion prompt's text
-# A known prefix shorter than this is not used (the request is asked on its path): with a short
-# prompt the block left out and the unmatched newest message are a large part of it, and the
-# placement of a new conversation weighs exactly that part.
-MIN_KNOWN_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +93,8 @@ class RemoteTokens:
         self.path = group.config.tokenize_path
         self.timeout_s = group.config.tokenize_timeout_ms / 1000
         self.bs = float(group.block_size)
+        # A known part shorter than this is not used (the request is asked on its path).
+        self.min_tokens = group.config.tokenize_memory_min_tokens
         self.known = KnownPrefixes(max_blocks) if max_blocks > 0 else None
         self.texts = KnownTexts(max_blocks) if max_blocks > 0 else None
         self.max_background = max_background
@@ -120,7 +119,7 @@ class RemoteTokens:
             if k == n and known.chain:
                 self.count(self.group.name, "known")
                 return RequestKeys("precise", known.chain.tolist(), self.bs, max(1, known.tokens))
-            if k < n and (len(known.chain) - 1) * self.bs >= MIN_KNOWN_TOKENS:
+            if k < n and len(known.chain) > 1 and (len(known.chain) - 1) * self.bs >= self.min_tokens:
                 self.count(self.group.name, "known_prefix")
                 key = digests[n - 1]
                 self._background(client, state, _Lesson(key, partial(self._remember_chat, key), sum(sizes)))
@@ -149,7 +148,7 @@ class RemoteTokens:
                 return RequestKeys("precise", known.chain.tolist(), self.bs, max(1, known.tokens))
             per_byte = known.tokens / max(1, known.nbytes - _HEAD)
             blocks = int((shared - _HEAD) * per_byte * TEXT_MARGIN / self.bs)
-            if blocks * self.bs >= MIN_KNOWN_TOKENS:
+            if blocks and blocks * self.bs >= self.min_tokens:
                 self.count(self.group.name, "known_prefix")
                 key = text_digest(data)
                 self._background(client, state, _Lesson(key, partial(self._remember_text, data), len(data)))
