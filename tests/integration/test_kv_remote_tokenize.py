@@ -43,8 +43,10 @@ def config(fleet: SimFleet, nats_url: str, **group: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def stack(nats_url: str, **group: Any) -> AsyncIterator[tuple[SimFleet, RunningIngress, httpx.AsyncClient]]:
-    async with SimFleet(2, time_scale=0.001) as fleet, running_ingress(config(fleet, nats_url, **group)) as ing:
+async def stack(
+    nats_url: str, time_scale: float = 0.001, **group: Any
+) -> AsyncIterator[tuple[SimFleet, RunningIngress, httpx.AsyncClient]]:
+    async with SimFleet(2, time_scale=time_scale) as fleet, running_ingress(config(fleet, nats_url, **group)) as ing:
         assert ing.app.kv is not None
         async with asyncio.timeout(10):
             await ing.app.kv.ready.wait()
@@ -123,6 +125,28 @@ async def test_siblings_and_next_turns_are_matched_without_a_call_on_their_path(
         await eventually(lambda: how(ing, "background") == 5)
         await ask(client, model, [short, {"role": "user", "content": "Two?"}])
         assert how(ing, "request") == 4
+
+
+async def test_a_next_turn_is_learnt_once_the_request_has_been_answered(nats_server: NatsServer) -> None:
+    # Engines in real time: a 100-token answer streams for about 0.6 s.
+    async with stack(nats_server.url, time_scale=1.0) as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+        await ask(client, model, [SYSTEM, {"role": "user", "content": "What was the revenue?"}])
+        await eventually(lambda: how(ing, "background") == 1)  # the system prompt, for siblings
+        sibling = [SYSTEM, {"role": "user", "content": "And the costs?"}]
+        body = {"model": model, "messages": sibling, "max_tokens": 100, "stream": True}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            chunks = r.aiter_bytes()
+            await anext(chunks)
+            assert how(ing, "known_prefix") == 1
+            # while the answer streams, the engine is not asked about the sibling's messages
+            await asyncio.sleep(0.2)
+            assert how(ing, "background") == 1
+            async for _ in chunks:
+                pass
+        await eventually(lambda: how(ing, "background") == 2)
+        assert how(ing, "background_failed") == 0 and how(ing, "background_skipped") == 0
 
 
 async def test_with_the_memory_off_every_request_asks_on_its_path(nats_server: NatsServer) -> None:

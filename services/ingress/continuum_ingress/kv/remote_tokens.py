@@ -11,12 +11,13 @@ many requests share their first messages (a system prompt, a document).
   known (kv/known_prefixes.py) is matched with those block hashes and no call. The last known
   block is left out: a chat template may render the end of a conversation (the generation
   prompt) differently from the same point inside a longer one. Its newest messages are not
-  matched (nobody holds them yet, except for an exact repeat). Off the path, its own messages
-  are then tokenized (what its next turn will share).
+  matched (nobody holds them yet, except for an exact repeat). Off the path, once it has been
+  answered, its own messages are tokenized (what its next turn will share).
 * **Completions.** A prompt that repeats a known one, or starts with a known one's text (to a
   512-byte chunk), is matched with the known prompt's block hashes up to a margin short of the
   shared text (tokens per byte estimated from the known prompt), however long the rest: as in
-  chat, the new text is held nowhere yet; then its own text is learnt off the path.
+  chat, the new text is held nowhere yet; its own text is learnt off the path once it has been
+  answered.
 * A known part under the group's `tokenize_memory_min_tokens` is not used: such a request is
   asked on its path.
 * Only a request with nothing close known asks on its path; a chat request's messages without
@@ -100,6 +101,7 @@ class RemoteTokens:
         self.max_background = max_background
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending: set[bytes] = set()
+        self._closed = False
         # set once NATS is connected: what this replica learns, offered to the others
         self.share: Callable[[Tokenized], None] | None = None
         self.replica = replica
@@ -122,7 +124,8 @@ class RemoteTokens:
             if k < n and len(known.chain) > 1 and (len(known.chain) - 1) * self.bs >= self.min_tokens:
                 self.count(self.group.name, "known_prefix")
                 key = digests[n - 1]
-                self._background(client, state, _Lesson(key, partial(self._remember_chat, key), sum(sizes)))
+                lesson = _Lesson(key, partial(self._remember_chat, key), sum(sizes))
+                self._background(client, state, lesson, after=True)
                 estimate = known.tokens + sum(sizes[k:]) * known.tokens / max(1, known.nbytes)
                 return RequestKeys("precise", known.chain[:-1].tolist(), self.bs, max(1, round(estimate)))
         keys = await self._asked(state, client)
@@ -151,7 +154,7 @@ class RemoteTokens:
             if blocks and blocks * self.bs >= self.min_tokens:
                 self.count(self.group.name, "known_prefix")
                 key = text_digest(data)
-                self._background(client, state, _Lesson(key, partial(self._remember_text, data), len(data)))
+                self._background(client, state, _Lesson(key, partial(self._remember_text, data), len(data)), after=True)
                 estimate = (len(data) - _HEAD) * per_byte
                 return RequestKeys("precise", known.chain[:blocks].tolist(), self.bs, max(1, round(estimate)))
         keys = await self._asked(state, client)
@@ -182,14 +185,26 @@ class RemoteTokens:
             generation=generation,
         )
 
-    def _background(self, client: Upstream, state: RequestState, lesson: _Lesson) -> None:
-        """Tokenize off the path and remember what it gave; one call per key at a time."""
+    def _background(self, client: Upstream, state: RequestState, lesson: _Lesson, *, after: bool = False) -> None:
+        """Tokenize off the path and remember what it gave; one call per key at a time. With
+        `after`, once the request has been answered: what it teaches is for its next turn, which
+        cannot come sooner, and the engine is then no longer busy with the request itself (a
+        `/tokenize` of the same conversation during its prefill would delay its first token)."""
         if lesson.key in self._pending:
             return
-        if len(self._tasks) >= self.max_background:
-            self.count(self.group.name, "background_skipped")
-            return
         self._pending.add(lesson.key)
+        task = state.task
+        if after and task is not None and not task.done():
+            task.add_done_callback(lambda _: self._start(client, state, lesson))
+        else:
+            self._start(client, state, lesson)
+
+    def _start(self, client: Upstream, state: RequestState, lesson: _Lesson) -> None:
+        if self._closed or len(self._tasks) >= self.max_background:
+            self._pending.discard(lesson.key)
+            if not self._closed:
+                self.count(self.group.name, "background_skipped")
+            return
         task = asyncio.get_running_loop().create_task(self._learn(client, state, lesson))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -251,6 +266,7 @@ class RemoteTokens:
             self.texts.clear()
 
     async def aclose(self) -> None:
+        self._closed = True
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
