@@ -200,10 +200,12 @@ class RemoteTokens:
             self._start(client, state, lesson)
 
     def _start(self, client: Upstream, state: RequestState, lesson: _Lesson) -> None:
-        if self._closed or len(self._tasks) >= self.max_background:
+        if self._closed:  # a request answered after shutdown began
             self._pending.discard(lesson.key)
-            if not self._closed:
-                self.count(self.group.name, "background_skipped")
+            return
+        if len(self._tasks) >= self.max_background:
+            self._pending.discard(lesson.key)
+            self.count(self.group.name, "background_skipped")
             return
         task = asyncio.get_running_loop().create_task(self._learn(client, state, lesson))
         self._tasks.add(task)
