@@ -75,6 +75,16 @@ def _violations(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+async def _heartbeat(nc: Any, backend: str) -> bytes | None:
+    """The listener's heartbeat value for `backend`, or None while there is none yet."""
+    try:
+        heartbeats = await nc.jetstream().key_value(LISTENERS_BUCKET)
+        value: bytes | None = (await heartbeats.get(backend)).value
+        return value
+    except NotFoundError:  # no bucket yet, or no key yet (KeyNotFoundError is a NotFoundError)
+        return None
+
+
 async def _stored_subjects(nats_url: str) -> list[str]:
     nc = await nats.connect(nats_url, user="continuum-router", password=ROUTER_PASSWORD, connect_timeout=2)
     try:
@@ -121,13 +131,16 @@ async def test_a_listener_publishes_only_for_its_own_backends(
             async with asyncio.timeout(10):
                 while "continuum.kv.events.gpu-a1" not in await _stored_subjects(server.url):
                     await asyncio.sleep(0.05)
+            # The heartbeat runs on its own cadence: wait for its first beat while the listener
+            # still runs (the router's credentials read the bucket, as the ingress does).
+            router = await nats.connect(server.url, user="continuum-router", password=ROUTER_PASSWORD)
+            try:
+                async with asyncio.timeout(10):
+                    while not await _heartbeat(router, "gpu-a1"):
+                        await asyncio.sleep(0.05)
+            finally:
+                await router.close()
         assert _violations(caplog) == []
-        router = await nats.connect(server.url, user="continuum-router", password=ROUTER_PASSWORD)
-        try:
-            heartbeats = await router.jetstream().key_value(LISTENERS_BUCKET)
-            assert (await heartbeats.get("gpu-a1")).value
-        finally:
-            await router.close()
 
         # 2. A's credentials cannot publish for B's backend, nor read the event stream.
         cfg_a = load_listener_config(file_a).bus

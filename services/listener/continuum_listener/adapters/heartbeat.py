@@ -27,6 +27,10 @@ from continuum_listener.pipeline import SourcePipeline
 
 log = logging.getLogger("continuum.listener.heartbeat")
 
+# A beat's NATS calls may take longer than a short interval on a loaded machine (creating the
+# bucket is a JetStream round trip through the meta leader): never time them out sooner.
+MIN_CALL_TIMEOUT = 2.0
+
 
 def heartbeat_value(pipeline: SourcePipeline, listener: str) -> bytes:
     stats = pipeline.stats
@@ -71,11 +75,12 @@ class Heartbeat:
             return await js.create_key_value(config)
 
     async def beat(self) -> None:
+        timeout = max(self.interval, MIN_CALL_TIMEOUT)
         if self._kv is None:
-            self._kv = await asyncio.wait_for(self._bucket(), self.interval)
+            self._kv = await asyncio.wait_for(self._bucket(), timeout)
         for pipeline in self.pipelines:
             await asyncio.wait_for(
-                self._kv.put(pipeline.backend, heartbeat_value(pipeline, self.listener)), self.interval
+                self._kv.put(pipeline.backend, heartbeat_value(pipeline, self.listener)), timeout
             )
 
     async def run(self) -> None:
