@@ -79,9 +79,7 @@ class Heartbeat:
         if self._kv is None:
             self._kv = await asyncio.wait_for(self._bucket(), timeout)
         for pipeline in self.pipelines:
-            await asyncio.wait_for(
-                self._kv.put(pipeline.backend, heartbeat_value(pipeline, self.listener)), timeout
-            )
+            await asyncio.wait_for(self._kv.put(pipeline.backend, heartbeat_value(pipeline, self.listener)), timeout)
 
     async def run(self) -> None:
         await self.publisher.ready.wait()
