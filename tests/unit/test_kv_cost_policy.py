@@ -232,3 +232,24 @@ def test_the_miss_penalty_and_the_placement_penalty_are_separate() -> None:
         assert spread is not None and spread.backend == "b1"  # 16,000 + 4 x 80 > 10,000 + 4 x 1,080
     kept = choose_by_cost(1080, cands, held, replace(P, placement_miss_penalty=10.0), start=True)
     assert kept is not None and kept.backend == "b0"  # 16,000 + 11 x 80 < 10,000 + 11 x 1,080
+
+
+def test_new_work_leaves_the_slack_to_conversations_already_home() -> None:
+    # ε 1.0, slack 1, 4 candidates with 1 + 0 + 0 + 0 in flight: the bound is ceil(2 · 2 / 4) +
+    # 1 = 2. b0 took the least new work recently and holds the system prompt, so placement
+    # alone would put the new conversation there; b0 is at the bound without the slack (1)
+    # and the new conversation goes elsewhere, leaving b0's last slot to its own next turn.
+    params = CostParams(epsilon=1.0, bound_slack=1)
+    cands = [CandidateLoad("b0", 1, demand=0), *(CandidateLoad(f"b{i}", 0, demand=5000) for i in (1, 2, 3))]
+    held = {"b0": Held(1000, 1000)}
+    assert load_bound(cands, 1.0, 1) == 2
+    placed = choose_by_cost(1100, cands, held, params, start=True)
+    assert placed is not None and placed.placed and placed.backend != "b0"
+    # A turn that holds its history is not new work: it uses the slack and stays home.
+    held = {"b0": Held(9000, 9000)}
+    kept = choose_by_cost(9500, cands, held, params)
+    assert kept is not None and kept.backend == "b0" and not kept.placed
+    # Under the strict bound, b0 is placed on as before.
+    cands[0] = CandidateLoad("b0", 0, demand=0)
+    placed = choose_by_cost(1100, cands, {"b0": Held(1000, 1000)}, params, start=True)
+    assert placed is not None and placed.placed and placed.backend == "b0"

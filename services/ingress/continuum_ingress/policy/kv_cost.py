@@ -24,7 +24,9 @@ chat conversation (`start`: no earlier answer in it), whatever it holds, since i
 where every later turn will go: it is *placed* instead, on the eligible candidate that was given
 the least new prompt recently (`demand`, decayed, per unit of weight) plus what it would prefill
 there (charged `placement_miss_penalty` like a miss), so conversations spread over every
-backend's cache rather than piling onto whoever holds their shared head.
+backend's cache rather than piling onto whoever holds their shared head. New work is placed
+under the bound without its slack, which stays free for the turns of conversations a backend
+already serves.
 
 `seed` is the seed's composite score over the same holdings (policy/kv_scoring.py's formula with
 raw_overlap = tokens held / most held by any candidate), deciding only above 0.3.
@@ -171,7 +173,12 @@ def choose_by_cost(
     eligible = [c for c in candidates if c.in_flight < bound] or list(candidates)
     most = max(min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates)
     if prompt_tokens > 0 and (start or most < params.affinity_threshold * prompt_tokens):
-        placed = _place(prompt_tokens, eligible, held, params, tie_key)
+        # The slack is room for cache affinity: new work is placed under the bound without it,
+        # so a burst of new conversations cannot fill a backend to the point where the next
+        # turn of one it already serves has to leave its history behind.
+        strict = bound - params.bound_slack
+        room = [c for c in eligible if c.in_flight < strict] or eligible
+        placed = _place(prompt_tokens, room, held, params, tie_key)
         return replace(placed, moved=_moved(prompt_tokens, placed.backend, candidates, eligible, held, reason="placed"))
     rate = params.prefill_tokens_per_second
     best: tuple[float, int, CandidateLoad, float] | None = None
