@@ -236,20 +236,24 @@ def test_the_miss_penalty_and_the_placement_penalty_are_separate() -> None:
 
 def test_new_work_leaves_the_slack_to_conversations_already_home() -> None:
     # ε 1.0, slack 1, 4 candidates with 1 + 0 + 0 + 0 in flight: the bound is ceil(2 · 2 / 4) +
-    # 1 = 2. b0 took the least new work recently and holds the system prompt, so placement
-    # alone would put the new conversation there; b0 is at the bound without the slack (1)
-    # and the new conversation goes elsewhere, leaving b0's last slot to its own next turn.
+    # 1 = 2. A new conversation holds its 1,000-token system prompt on b0 (a fifth of its
+    # prompt), and b0 took the least new work recently, so placement alone would put it there;
+    # b0 is at the bound without the slack (1) and it goes elsewhere, leaving b0's last slot to
+    # the next turn of a conversation b0 already serves.
     params = CostParams(epsilon=1.0, bound_slack=1)
     cands = [CandidateLoad("b0", 1, demand=0), *(CandidateLoad(f"b{i}", 0, demand=5000) for i in (1, 2, 3))]
-    held = {"b0": Held(1000, 1000)}
+    system = {"b0": Held(1000, 1000)}
     assert load_bound(cands, 1.0, 1) == 2
-    placed = choose_by_cost(1100, cands, held, params, start=True)
+    placed = choose_by_cost(5000, cands, system, params, start=True)
     assert placed is not None and placed.placed and placed.backend != "b0"
     # A turn that holds its history is not new work: it uses the slack and stays home.
-    held = {"b0": Held(9000, 9000)}
-    kept = choose_by_cost(9500, cands, held, params)
+    kept = choose_by_cost(9500, cands, {"b0": Held(9000, 9000)}, params)
     assert kept is not None and kept.backend == "b0" and not kept.placed
-    # Under the strict bound, b0 is placed on as before.
+    # A conversation start that holds most of its prompt (a long shared document) has cache
+    # affinity: it is placed, and may use the slack.
+    document = choose_by_cost(1100, cands, system, params, start=True)
+    assert document is not None and document.placed and document.backend == "b0"
+    # Under the strict bound, the new conversation is placed on b0 as before.
     cands[0] = CandidateLoad("b0", 0, demand=0)
-    placed = choose_by_cost(1100, cands, {"b0": Held(1000, 1000)}, params, start=True)
+    placed = choose_by_cost(5000, cands, system, params, start=True)
     assert placed is not None and placed.placed and placed.backend == "b0"

@@ -24,9 +24,10 @@ chat conversation (`start`: no earlier answer in it), whatever it holds, since i
 where every later turn will go: it is *placed* instead, on the eligible candidate that was given
 the least new prompt recently (`demand`, decayed, per unit of weight) plus what it would prefill
 there (charged `placement_miss_penalty` like a miss), so conversations spread over every
-backend's cache rather than piling onto whoever holds their shared head. New work is placed
-under the bound without its slack, which stays free for the turns of conversations a backend
-already serves.
+backend's cache rather than piling onto whoever holds their shared head. Work that holds less
+than `affinity_threshold` of its prompt anywhere is placed under the bound without its slack,
+which stays free for requests with cache affinity (the turns of conversations a backend
+already serves).
 
 `seed` is the seed's composite score over the same holdings (policy/kv_scoring.py's formula with
 raw_overlap = tokens held / most held by any candidate), deciding only above 0.3.
@@ -172,11 +173,14 @@ def choose_by_cost(
     bound = load_bound(candidates, params.epsilon, params.bound_slack)
     eligible = [c for c in candidates if c.in_flight < bound] or list(candidates)
     most = max(min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates)
-    if prompt_tokens > 0 and (start or most < params.affinity_threshold * prompt_tokens):
-        # The slack is room for cache affinity: new work is placed under the bound without it,
-        # so a burst of new conversations cannot fill a backend to the point where the next
-        # turn of one it already serves has to leave its history behind.
-        strict = bound - params.bound_slack
+    affine = most >= params.affinity_threshold * prompt_tokens
+    if prompt_tokens > 0 and (start or not affine):
+        # The slack is room for cache affinity: work that holds little of its prompt anywhere is
+        # placed under the bound without it, so a burst of new conversations cannot fill a
+        # backend to the point where the next turn of one it already serves has to leave its
+        # history behind. (A conversation start that holds most of its prompt, a long shared
+        # document, has affinity and keeps the slack.)
+        strict = bound if affine else bound - params.bound_slack
         room = [c for c in eligible if c.in_flight < strict] or eligible
         placed = _place(prompt_tokens, room, held, params, tie_key)
         return replace(placed, moved=_moved(prompt_tokens, placed.backend, candidates, eligible, held, reason="placed"))
