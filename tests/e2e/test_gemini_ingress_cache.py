@@ -134,6 +134,10 @@ async def test_lru_eviction_sends_a_delete(stack: StackFactory) -> None:
             await s.chat(system_prompt(100 + i))
             await s.wait_creates(i + 1)
             names.append(list(s.fake.caches)[-1])
+            if i < 10:
+                # The service stamps an entry when it stores Google's answer, a moment after the
+                # fake sent it: advancing the clock before that would give two entries one time.
+                await s.wait_stored(i + 1)
             s.clock.advance(1)  # distinct last-use times: the LRU order is the creation order
         await wait_for(lambda: s.fake.count(Op.DELETE) == 1)
         assert s.fake.calls_for(Op.DELETE)[0].path.endswith(names[0])
