@@ -37,17 +37,26 @@ async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Pat
         assert re.findall(r'"model":"([^"]+)"', readme) == models
         assert f'"model":"{models[0]}"' in banner
         system = {"role": "system", "content": "You are terse. " * 20}
+        opening = [system, {"role": "user", "content": "Hello!"}]
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
-            first = await client.chat.completions.create(
-                model=models[0], messages=[system, {"role": "user", "content": "Hello!"}], max_tokens=8
+            first_raw = await client.chat.completions.with_raw_response.create(
+                model=models[0], messages=opening, max_tokens=8
             )
+            first = first_raw.parse()
             assert first.choices[0].message.content
-            again = await client.chat.completions.create(
-                model=models[0], messages=[system, {"role": "user", "content": "Again"}], max_tokens=8
+            turn = [*opening, {"role": "assistant", "content": first.choices[0].message.content}]
+            turn.append({"role": "user", "content": "And then?"})
+            second_raw = await client.chat.completions.with_raw_response.create(
+                model=models[0], messages=turn, max_tokens=8
             )
-        # Same system prompt -> same engine (PrefixAwareHash), whose prefix cache now holds it.
-        assert again.usage is not None and again.usage.prompt_tokens_details is not None
-        assert again.usage.prompt_tokens_details.cached_tokens > 0
+            second = second_raw.parse()
+        # What the README says: the next turn goes to the engine that answered the first (it
+        # holds the conversation's history), and that engine's prefix cache serves it.
+        engine = first_raw.headers["x-continuum-backend"]
+        assert engine.startswith("demo-")
+        assert second_raw.headers["x-continuum-backend"] == engine
+        assert second.usage is not None and second.usage.prompt_tokens_details is not None
+        assert second.usage.prompt_tokens_details.cached_tokens > 0
         # The demo wrote its config and started the embedded NATS with JetStream in .continuum/.
         assert (tmp_path / ".continuum" / "demo-config.yaml").exists()
         assert (tmp_path / ".continuum" / "nats" / "jetstream").is_dir()
