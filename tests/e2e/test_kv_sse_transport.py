@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
+from continuum_common.config.kv_index import EventSource
 from continuum_common.config.listener import ListenerConfig
-from continuum_common.config.router import EventSource
 from continuum_common.kvindex import InMemoryKvIndex
 from continuum_common.salt import make_salt
 from continuum_indexer.adapters.sse_source import SseSource

@@ -29,7 +29,7 @@ from hypothesis import event, example, given
 from hypothesis import strategies as st
 from nats.aio.client import Client as NatsClient
 
-from continuum_common.config.router import KvCacheIndex
+from continuum_common.config.kv_index import KvCacheIndex
 from continuum_common.events import EventType, KvEvent, Tier
 from continuum_common.kvindex.block_memory import InMemoryBlockIndex
 from continuum_common.kvindex.memory import InMemoryKvIndex

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from continuum_common.config.router import EventSource
+from continuum_common.config.kv_index import EventSource
 from continuum_common.events import Tier
 from continuum_common.kvindex import InMemoryKvIndex, KvHolder
 from continuum_common.procs import free_port

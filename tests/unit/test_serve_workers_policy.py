@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.parser import text_string_to_metric_families
 
 from continuum_common.config import RouterConfig
+from continuum_common.config.kv_index import LoadSharing
 from continuum_common.config.loader import parse
-from continuum_common.config.router import LoadSharing
 from continuum_common.errors import ConfigError
 from continuum_ingress.config_holder import restart_only_changes
 from continuum_ingress.policy.restarts import ExitVerdict, RestartBackoff, after_exit

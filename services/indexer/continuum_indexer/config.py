@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from continuum_common.config.router import EventSource, RouterConfig
+from continuum_common.config.kv_index import EventSource
+from continuum_common.config.router import RouterConfig
 
 DEFAULT_DURABLE = "continuum-indexer"
 ADMIN_QUEUE_GROUP = "continuum-indexer-admin"

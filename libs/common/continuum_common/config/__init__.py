@@ -1,6 +1,7 @@
 """Configuration schema, loader and validation (DESIGN.md §4)."""
 
 from continuum_common.config.durations import format_duration, parse_duration
+from continuum_common.config.kv_index import KvCacheIndex
 from continuum_common.config.listener import ListenerConfig, ListenerSource
 from continuum_common.config.loader import (
     load_listener_config,
@@ -12,7 +13,6 @@ from continuum_common.config.loader import (
 from continuum_common.config.router import (
     Backend,
     GeminiContextCacheConfig,
-    KvCacheIndex,
     PrefixRouting,
     ResponseCacheConfig,
     RouterConfig,

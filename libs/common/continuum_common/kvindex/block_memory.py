@@ -28,7 +28,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from continuum_common.config.router import KvCacheIndex
+from continuum_common.config.kv_index import KvCacheIndex
 from continuum_common.kvindex.block_pack import seq_in_range, stamp
 from continuum_common.kvindex.blocks import (
     NO_MATCH,

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from continuum_common.config.router import KvCacheIndex
+from continuum_common.config.kv_index import KvCacheIndex
 from continuum_common.events import KvEvent
 from continuum_common.kvindex.batch import plan_batch
 from continuum_common.kvindex.entry import EntryState, TierPolicy, apply_writes

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import orjson
 
-from continuum_common.config.router import KvCacheIndex
+from continuum_common.config.kv_index import KvCacheIndex
 from continuum_common.kvindex import BackendCounters, BlockIndexStats, ClearReport, IndexStats
 
 ADMIN_SUBJECT_PREFIX: Final = "continuum.indexer.admin."

@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.errors import Error as JsError
 
-from continuum_common.config.router import KvCacheIndex
+from continuum_common.config.kv_index import KvCacheIndex
 from continuum_common.kvindex import BlockIndexWriter, KvIndexError, KvIndexWriter
 from continuum_common.wire import indexer_admin as admin
 from continuum_indexer.config import ADMIN_QUEUE_GROUP

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from continuum_common.backoff import Backoff
-from continuum_common.config.router import EventSource
+from continuum_common.config.kv_index import EventSource
 from continuum_common.events import KvEvent
 from continuum_common.kvindex import KvIndexError
 from continuum_common.kvindex.sse import (

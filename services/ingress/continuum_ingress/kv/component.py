@@ -40,7 +40,7 @@ import socket
 from prometheus_client import CollectorRegistry
 
 from continuum_common.config import RouterConfig
-from continuum_common.config.router import KvCacheIndex
+from continuum_common.config.kv_index import KvCacheIndex
 from continuum_common.errors import ConfigError
 from continuum_common.kvindex import KvIndex
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex

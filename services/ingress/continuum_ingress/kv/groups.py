@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from continuum_common.config.router import ApproximateMatching, KvCacheIndex, MatchGroup, MatchMode, RouterConfig
+from continuum_common.config.kv_index import ApproximateMatching, KvCacheIndex, MatchGroup, MatchMode
+from continuum_common.config.router import RouterConfig
 from continuum_common.hashing.request_text import content_text
 from continuum_ingress.kv.chunks import chunk_chain, conversation_bytes
 from continuum_ingress.kv.route_memory import RouteMemory

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from continuum_common.config.router import Scoring
+from continuum_common.config.kv_index import Scoring
 from continuum_common.events import Tier
 from continuum_ingress.policy.scorer import HoldingTier
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from continuum_common.config.router import LoadSharing
+from continuum_common.config.kv_index import LoadSharing
 from continuum_common.wire.loads import LoadReport
 
 # A peer is stale after max(stale_after, STALE_INTERVALS × its own report interval): a replica

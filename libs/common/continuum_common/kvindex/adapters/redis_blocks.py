@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from redis.exceptions import NoScriptError, RedisError
 
-from continuum_common.config.router import KvCacheIndex
+from continuum_common.config.kv_index import KvCacheIndex
 from continuum_common.kvindex.adapters import block_scripts
 from continuum_common.kvindex.block_keys import BlockKeys
 from continuum_common.kvindex.block_memory import DEFAULT_TOMBSTONE_SECONDS

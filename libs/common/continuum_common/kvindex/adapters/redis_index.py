@@ -25,7 +25,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisError
 
-from continuum_common.config.router import KvCacheIndex
+from continuum_common.config.kv_index import KvCacheIndex
 from continuum_common.events import KvEvent, Tier
 from continuum_common.kvindex.adapters import scripts
 from continuum_common.kvindex.batch import BatchPlan, EntryWrite, plan_batch
