@@ -234,34 +234,6 @@ def test_the_miss_penalty_and_the_placement_penalty_are_separate() -> None:
     assert kept is not None and kept.backend == "b0"  # 16,000 + 11 x 80 < 10,000 + 11 x 1,080
 
 
-def test_the_demand_tolerance_scales_with_the_traffic() -> None:
-    """The placement penalty is a fixed number of tokens; the tolerance is a share of the mean
-    recent demand, so the same relative imbalance moves a conversation start at any traffic."""
-    from dataclasses import replace
-
-    held = {"b0": Held(1000, 1000)}  # b0 holds the 1,000-token system prompt of a 1,080-token start
-
-    def start_on(demands: tuple[float, float], tolerance: float) -> str:
-        cands = [CandidateLoad("b0", 0, demand=demands[0]), CandidateLoad("b1", 0, demand=demands[1])]
-        choice = choose_by_cost(1080, cands, held, replace(P, demand_tolerance=tolerance), start=True)
-        assert choice is not None and choice.placed
-        return choice.backend
-
-    # b0 took 20 % more new work than the mean: moved without a tolerance (the gap, 44,000,
-    # is far beyond 4 x 1,000), kept with 0.25 (the gap is below a quarter of the mean, 200,000).
-    assert start_on((220_000, 176_000), 0.0) == "b1"
-    assert start_on((220_000, 176_000), 0.25) == "b0"
-    # 80 % more than the mean: moved either way.
-    assert start_on((360_000, 40_000), 0.25) == "b1"
-    # The same relative gaps at a tenth of the traffic decide the same way.
-    assert start_on((22_000, 17_600), 0.25) == "b0"
-    assert start_on((36_000, 4_000), 0.25) == "b1"
-    # New work that holds nothing anywhere worth keeping is still spread by demand alone.
-    cands = [CandidateLoad("b0", 0, demand=1000), CandidateLoad("b1", 0, demand=900)]
-    even = choose_by_cost(1080, cands, {"b0": Held(16, 16), "b1": Held(16, 16)}, replace(P, demand_tolerance=0.25))
-    assert even is not None and even.backend == "b1"
-
-
 def test_new_work_leaves_the_slack_to_conversations_already_home() -> None:
     # ε 1.0, slack 1, 4 candidates with 1 + 0 + 0 + 0 in flight: the bound is ceil(2 · 2 / 4) +
     # 1 = 2. A new conversation holds its 1,000-token system prompt on b0 (a fifth of its

@@ -4,7 +4,7 @@
 turns off the placement of conversation starts, `noload` the shared load view between replicas,
 `slack<n>` sets `load_bound_slack`, `req<n>` `placement_request_tokens`, `nomemory` turns off
 the remembered tokenizations (`tokenize_memory_blocks: 0`), `known<n>` sets the smallest
-remembered part used (`tokenize_memory_min_tokens`), `tol<x>` `placement_demand_tolerance`. `pen<n>` sets only
+remembered part used (`tokenize_memory_min_tokens`). `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
 
@@ -94,8 +94,3 @@ for _min in (0, 128, 256, 512):
                 _name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_memory_min_tokens", _min),)
             ),
         )
-
-# The placement's demand tolerance (a share of the mean recent demand, on top of the penalty).
-for _tol in (0.1, 0.25, 0.5):
-    _name = f"continuum-kv-precise-tol{_tol:g}"
-    register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=(("placement_demand_tolerance", _tol),)))

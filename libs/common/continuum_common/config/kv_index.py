@@ -37,11 +37,6 @@ class CostModel(Section):
     # does not hold of a new conversation (its system prompt) against recent demand: higher
     # values keep new conversations with their system prompt's holder at the cost of balance.
     placement_miss_penalty: float = Field(3.0, ge=0.0, le=100.0)
-    # A candidate that does not hold the new conversation's head is also charged this fraction
-    # of the mean recent demand: the holder keeps new conversations until its demand exceeds
-    # another's by that share (balance relative to the traffic, like the load bound's epsilon,
-    # where the penalty above is a fixed number of tokens).
-    placement_demand_tolerance: float = Field(0.0, ge=0.0, le=10.0)
     # A request whose best candidate holds less than this fraction of its prompt is new work
     # (a new conversation under a shared system prompt): it goes where the least new prompt
     # was sent recently, so conversations spread over every backend's cache, instead of to

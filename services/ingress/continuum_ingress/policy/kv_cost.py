@@ -90,7 +90,6 @@ class CostParams:
     miss_penalty: float = 30.0
     bound_slack: int = 0
     placement_miss_penalty: float = 3.0
-    demand_tolerance: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: CostModel, default_epsilon: float) -> CostParams:
@@ -103,7 +102,6 @@ class CostParams:
             miss_penalty=cfg.miss_penalty,
             bound_slack=cfg.load_bound_slack,
             placement_miss_penalty=cfg.placement_miss_penalty,
-            demand_tolerance=cfg.placement_demand_tolerance,
         )
 
 
@@ -224,14 +222,9 @@ def _place(
     n = len(eligible)
     best: tuple[float, int, CandidateLoad] | None = None
     weight = 1.0 + params.placement_miss_penalty
-    # What not holding the whole prompt costs on top, in demand: a share of the mean, so the
-    # holder keeps new work until it is that much busier than the rest, whatever the traffic.
-    tolerance = params.demand_tolerance * sum(c.demand / max(c.weight, 1) for c in eligible) / n
     for i, c in enumerate(eligible):
         fresh = new_tokens(prompt_tokens, held.get(c.name, NOTHING), params)
         load = (c.demand + c.queued_tokens) / max(c.weight, 1) + fresh * weight
-        if tolerance > 0.0:
-            load += tolerance * fresh / prompt_tokens
         rank = (i - tie_key) % n
         if best is None or load < best[0] - 1e-9 or (abs(load - best[0]) <= 1e-9 and rank < best[1]):
             best = (load, rank, c)
