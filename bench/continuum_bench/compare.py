@@ -125,6 +125,7 @@ async def _tapped(fleet: SimFleet, enabled: bool) -> AsyncIterator[EngineTap | N
 async def _one_run(ctx: FleetContext, name: str, workload: str, info: Path, tap: EngineTap | None) -> dict[str, Any]:
     base = ctx.options
     print(f"== {workload} via {name}", file=sys.stderr, flush=True)
+    ctx.run = workload
     async with ROUTERS[name](ctx) as yielded:
         opts = replace(
             base, workload=workload, router=",".join(router_urls(yielded)), router_label=name, fleet_file=str(info),

@@ -59,7 +59,8 @@ async def continuum_ingress(ctx: FleetContext, name: str, config: dict[str, Any]
             yield url
         finally:
             # the router's own view of the run (decisions, selection times) next to its log
-            await _save_metrics(url + "/metrics", ctx.work_dir / f"{name}.metrics.txt")
+            stem = f"{name}.{ctx.run}" if ctx.run else name
+            await _save_metrics(url + "/metrics", ctx.work_dir / f"{stem}.metrics.txt")
 
 
 async def _save_metrics(url: str, path: Path) -> None:

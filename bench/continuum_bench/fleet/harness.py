@@ -66,6 +66,9 @@ class FleetContext:
     work_dir: Path
     options: FleetBenchOptions
     hf_tokenizer: HfTokenizerFiles | None = None
+    # The workload being run (set by `bench compare` before each run): names the files a router
+    # leaves per run, such as its saved /metrics.
+    run: str = ""
     _logs: list[Path] = field(default_factory=list)
 
     @property
