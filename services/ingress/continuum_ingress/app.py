@@ -59,7 +59,7 @@ from continuum_ingress.errors import RequestError
 from continuum_ingress.forwarding import Forwarder
 from continuum_ingress.gemini.wiring import build_gemini
 from continuum_ingress.hooks import BodyRewriter, Component, RequestScorer, ResponseCacheHook
-from continuum_ingress.kv import EmbeddedIndexFactory, build_kv_routing, kv_admin_routes
+from continuum_ingress.kv import EmbeddedIndexFactory, KvRouting, build_kv_routing, kv_admin_routes
 from continuum_ingress.load_view import build_load_share
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
@@ -124,45 +124,22 @@ class IngressApp:
         # One Redis client per process (response cache; the KV scorer's Redis index).
         self.redis = redis or SharedRedis.from_config(self.holder.current.config)
         builtin_components: list[Component] = [self.redis]
-        if response_cache is None:
-            cache = CacheHook.from_config(
-                self.holder.current.config,
-                registry=self.metrics.registry,
-                redis=self.redis,
-                monitor_interval_s=cache_monitor_interval_s,
-            )
-            response_cache = cache
-            builtin_components.append(cache)
-            extra_admin_routes = (*cache.admin_routes(), *extra_admin_routes)
-        self.response_cache = response_cache
+        admin_routes: list[BaseRoute] = []
+        self.response_cache = self._response_cache(
+            response_cache, cache_monitor_interval_s, builtin_components, admin_routes
+        )
+        admin_routes.extend(extra_admin_routes)
         # Tier 4 (kv/): the KV scorer, its index and admin routes, when kv_cache_index.enabled
         # and no scorer was given.
-        self.kv = (
-            None
-            if scorer is not None
-            else build_kv_routing(
-                self.holder.current.config,
-                self.metrics.registry,
-                link=self.nats,
-                redis=self.redis,
-                embedded_index=embedded_index,
-            )
-        )
+        self.kv = None if scorer is not None else self._kv_routing(embedded_index, builtin_components, admin_routes)
         if self.kv is not None:
             scorer = self.kv.scorer
-            builtin_components.append(self.kv)
-            extra_admin_routes = (*extra_admin_routes, *kv_admin_routes(self.kv))
         self.load_share = build_load_share(
             self.holder.current.config, self.pool, self.metrics.registry, kv=self.kv, seat=worker, link=self.nats
         )
         if self.load_share is not None:
             builtin_components.append(self.load_share)
-        uses_nats = (
-            self.kv is not None
-            or self.gemini.cache is not None
-            or (self.load_share is not None and any(t.name == "nats" for t in self.load_share.transports))
-        )
-        if uses_nats:  # first: started before its users, closed after them
+        if self._uses_nats():  # first: started before its users, closed after them
             builtin_components.insert(0, self.nats)
         self.worker_metrics = None if worker is None else WorkerMetrics(worker, self.metrics.registry)
         if self.worker_metrics is not None:
@@ -172,8 +149,65 @@ class IngressApp:
             self.holder.on_config.append(component.reload)
         self.reload_interval = reload_interval
         self.pipeline = SelectionPipeline(
-            self.pool, self.metrics, response_cache=response_cache, scorer=scorer, clock=clock
+            self.pool, self.metrics, response_cache=self.response_cache, scorer=scorer, clock=clock
         )
+        self.forwarder = Forwarder(
+            self.pipeline, self.metrics, self.dialects, [*self._builtin_rewriters(), *self.gemini.rewriters, *rewriters],
+            clock,
+        )  # fmt: skip
+        self.health = HealthChecker(self.holder, self.pool, clock, tick=health_tick)
+        self.ready = False
+        self.fastapi = self._build_fastapi([*self.gemini.admin_routes, *admin_routes])
+        # The forwarding endpoints are dispatched before the framework's middleware stack (a
+        # dict lookup instead of ~10 middleware layers per request); everything else - admin,
+        # models, health, metrics, 404/405 bodies, lifespan - goes through FastAPI.
+        self.asgi = HotPaths(self.fastapi, self._forward_endpoints)
+
+    def _response_cache(
+        self,
+        given: ResponseCacheHook | None,
+        monitor_interval_s: float,
+        components: list[Component],
+        admin_routes: list[BaseRoute],
+    ) -> ResponseCacheHook:
+        """The response cache hook passed in, else the one the configuration describes (a
+        component with admin routes of its own)."""
+        if given is not None:
+            return given
+        cache = CacheHook.from_config(
+            self.holder.current.config,
+            registry=self.metrics.registry,
+            redis=self.redis,
+            monitor_interval_s=monitor_interval_s,
+        )
+        components.append(cache)
+        admin_routes.extend(cache.admin_routes())
+        return cache
+
+    def _kv_routing(
+        self, embedded_index: EmbeddedIndexFactory | None, components: list[Component], admin_routes: list[BaseRoute]
+    ) -> KvRouting | None:
+        kv = build_kv_routing(
+            self.holder.current.config,
+            self.metrics.registry,
+            link=self.nats,
+            redis=self.redis,
+            embedded_index=embedded_index,
+        )
+        if kv is not None:
+            components.append(kv)
+            admin_routes.extend(kv_admin_routes(kv))
+        return kv
+
+    def _uses_nats(self) -> bool:
+        """Whether anything in this process talks on NATS (then its connection is started)."""
+        return (
+            self.kv is not None
+            or self.gemini.cache is not None
+            or (self.load_share is not None and any(t.name == "nats" for t in self.load_share.transports))
+        )
+
+    def _builtin_rewriters(self) -> list[BodyRewriter]:
         builtin: list[BodyRewriter] = [AnthropicCacheControl(self.metrics)]
         salt = self.holder.current.config.kv_cache_index.salt_echo
         if salt.enabled:
@@ -181,16 +215,7 @@ class IngressApp:
             secret = read_secret(salt.secret_env, salt.secret_file, what="kv_cache_index.salt_echo.secret")
             assert secret is not None  # the schema requires a source when enabled
             builtin.append(SaltEcho(secret.encode(), self.metrics))
-        self.forwarder = Forwarder(
-            self.pipeline, self.metrics, self.dialects, [*builtin, *self.gemini.rewriters, *rewriters], clock
-        )
-        self.health = HealthChecker(self.holder, self.pool, clock, tick=health_tick)
-        self.ready = False
-        self.fastapi = self._build_fastapi([*self.gemini.admin_routes, *extra_admin_routes])
-        # The forwarding endpoints are dispatched before the framework's middleware stack (a
-        # dict lookup instead of ~10 middleware layers per request); everything else - admin,
-        # models, health, metrics, 404/405 bodies, lifespan - goes through FastAPI.
-        self.asgi = HotPaths(self.fastapi, self._forward_endpoints)
+        return builtin
 
     def _build_fastapi(self, extra_admin_routes: Sequence[BaseRoute]) -> FastAPI:
         app = FastAPI(
