@@ -27,15 +27,23 @@ async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Pat
         url = match.group(1)
         # The banner's snippets follow: read the rest of it.
         _, banner = await read_until(proc.stdout, r"Ctrl-C stops everything", 5)
-        assert f"curl -s {url}/v1/chat/completions" in banner
+        bodies = re.findall(rf"curl -si {re.escape(url)}/v1/chat/completions .* -d '(\{{.*\}})'", banner)
+        assert len(bodies) == 2  # a conversation's first turn and its next one
         assert f'OpenAI(base_url="{url}/v1"' in banner
         async with httpx.AsyncClient() as http:
             models = [m["id"] for m in (await http.get(f"{url}/v1/models")).json()["data"]]
         assert models == ["continuum-sim-8b"]
-        # The README's "Try it" request names the model the demo serves.
+        # The README's "Try it" requests name the model the demo serves.
         readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-        assert re.findall(r'"model":"([^"]+)"', readme) == models
+        assert set(re.findall(r'"model":"([^"]+)"', readme)) == set(models)
         assert f'"model":"{models[0]}"' in banner
+        # What the banner says of its two requests: the second goes where the first went and
+        # is served from that engine's cache.
+        async with httpx.AsyncClient(timeout=30) as http:
+            answers = [await http.post(f"{url}/v1/chat/completions", content=body) for body in bodies]
+        assert [a.status_code for a in answers] == [200, 200]
+        assert answers[1].headers["x-continuum-backend"] == answers[0].headers["x-continuum-backend"]
+        assert answers[1].json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         system = {"role": "system", "content": "You are terse. " * 20}
         opening = [system, {"role": "user", "content": "Hello!"}]
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:

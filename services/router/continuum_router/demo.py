@@ -41,15 +41,19 @@ def banner(
 ) -> str:
     lines = [f"Continuum is up on {url}  (services: {', '.join(services)})"]
     if model is not None:
-        body = (
-            '{"model":"' + model + '","messages":[{"role":"system","content":"You are terse."},'
-            '{"role":"user","content":"Hello!"}]}'
-        )
+        opening = '{"role":"system","content":"You are terse."},{"role":"user","content":"Hello!"}'
+        first = '{"model":"' + model + '","messages":[' + opening + "]}"
+        # Any answer text will do: the engine holds the blocks of the first turn's prompt.
+        turn = '{"role":"assistant","content":"Hi."},{"role":"user","content":"And then?"}'
+        second = '{"model":"' + model + '","messages":[' + opening + "," + turn + "]}"
         lines += [
             f"{engines} simulated vLLM engines serve the model '{model}'.",
             "",
-            "Try it with curl (send it twice: the second answer reports cached prompt tokens):",
-            f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' -d '{body}'",
+            "Try it with curl: a conversation's first turn, then its next one. The next turn goes to the",
+            "engine that answered the first (the x-continuum-backend header), whose KV cache serves the",
+            "history (usage.prompt_tokens_details.cached_tokens); new conversations are spread.",
+            f"  curl -si {url}/v1/chat/completions -H 'content-type: application/json' -d '{first}'",
+            f"  curl -si {url}/v1/chat/completions -H 'content-type: application/json' -d '{second}'",
             "",
             "Or with the OpenAI SDK (pip install openai):",
             "  from openai import OpenAI",
