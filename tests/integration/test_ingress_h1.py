@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from continuum_ingress.adapters.h1 import ConnectFailed, Disconnected, H1Pool, ReadTimeout
+from continuum_ingress.adapters.h1 import ConnectFailed, Disconnected, H1Pool, Outbox, ReadTimeout
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -231,3 +231,31 @@ async def test_https_backend_with_certificate_verification(tmp_path: Path) -> No
         strict = H1Pool(f"https://localhost:{port}", connect_timeout=2, read_timeout=2, max_connections=2)
         with pytest.raises(ConnectFailed, match=r"CERTIFICATE_VERIFY_FAILED|SSL"):
             await strict.request("POST", "/v1/chat/completions", [], b"{}")
+
+
+async def test_pools_sharing_an_outbox_answer_every_concurrent_request() -> None:
+    """Requests posted in one turn leave together at its end; each still gets its own answer."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await read_request(reader)
+            path = request.split(b" ")[1]
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(path), path))
+
+    async with raw_server(handler) as (url, _):
+        outbox = Outbox()
+        pools = [H1Pool(url, connect_timeout=1.0, read_timeout=2.0, max_connections=8, outbox=outbox) for _ in range(2)]
+
+        async def one(i: int) -> bytes:
+            r = await pools[i % 2].request("POST", f"/r{i}", [], b"{}")
+            try:
+                return await r.read()
+            finally:
+                await r.aclose()
+
+        for _ in range(3):  # fresh connections, then reused ones
+            answers = await asyncio.gather(*(one(i) for i in range(40)))
+            assert answers == [f"/r{i}".encode() for i in range(40)]
+        assert all(p.open_connections == 8 for p in pools)
+        for p in pools:
+            await p.aclose()
