@@ -29,7 +29,7 @@ from continuum_ingress.asgi import (
     read_body,
     read_headers,
 )
-from continuum_ingress.cache.facade import CacheLookup, CacheStatus
+from continuum_ingress.cache.facade import CACHE_OFF, CacheLookup, CacheStatus
 from continuum_ingress.cache.protocol.entry import CachedResponse
 from continuum_ingress.config_holder import ConfigHolder
 from continuum_ingress.errors import RequestError
@@ -141,8 +141,12 @@ class ForwardEndpoint:
                 rtrace.end(channel.status)
 
     async def _serve(self, state: RequestState, snapshot: RouterSnapshot, channel: Channel) -> None:
-        # The response cache first: a HIT needs no prefix key and no backend.
-        lookup = await self._lookup(state)
+        # The response cache first: a HIT needs no prefix key and no backend. (Off and untraced:
+        # no coroutine for it.)
+        if state.trace is None and not self.pipeline.response_cache.enabled:
+            lookup = CACHE_OFF
+        else:
+            lookup = await self._lookup(state)
         if lookup.response is not None:
             await self._replay(state, lookup.response, channel)
         else:

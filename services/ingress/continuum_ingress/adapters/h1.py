@@ -252,6 +252,10 @@ class Response:
     async def read(self) -> bytes:
         # Not through stream(): an async generator registers with the loop's generator hooks,
         # a measurable cost on every non-streamed request.
+        conn = self._conn
+        if conn.complete:  # all of it is here already (a small answer): no await at all
+            self._done = True
+            return conn.take() if conn._chunks else b""
         parts: list[bytes] = []
         while (chunk := await self._next_chunk()) is not None:
             parts.append(chunk)
@@ -322,7 +326,10 @@ class H1Pool:
             head.append(f"content-length: {len(body)}\r\n".encode())
         head.append(b"\r\n")
         data = b"".join(head) + body
-        conn, reused = await self._acquire()
+        conn = self._idle_connection()  # the usual case, without a coroutine of its own
+        reused = conn is not None
+        if conn is None:
+            conn, reused = await self._acquire()
         try:
             return await self._exchange(conn, data, limit)
         except Disconnected:
@@ -349,12 +356,8 @@ class H1Pool:
     async def _acquire(self, *, fresh: bool = False) -> tuple[_Connection, bool]:
         if self._closed:
             raise ConnectFailed("the client is closed")
-        now = time.monotonic()
-        while self._idle and not fresh:
-            conn = self._idle.pop()
-            if conn.usable(now, self.keepalive_expiry):
-                return conn, True
-            self._discard(conn)
+        if not fresh and (idle := self._idle_connection()) is not None:
+            return idle, True
         while self._open >= self.max_connections:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -374,6 +377,20 @@ class H1Pool:
             self._open -= 1
             self._wake_one()
             raise
+
+    def _idle_connection(self) -> _Connection | None:
+        """The most recently used idle connection that is still usable (the ones that are not
+        are dropped), or None."""
+        idle = self._idle
+        if not idle or self._closed:
+            return None
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if conn.usable(now, self.keepalive_expiry):
+                return conn
+            self._discard(conn)
+        return None
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
