@@ -118,3 +118,17 @@ def test_routes_wildcards_and_internal_backends() -> None:
     assert snapshot.route(Api.CHAT, "e") == ("any",)  # internal backends take no client traffic
     assert set(snapshot.clients) == {"v", "any", "claude", "emb"}  # but they get a client
     assert snapshot.models == ("m", "c")
+
+
+def test_every_backend_pool_shares_one_outbox_across_reloads(tmp_path: Path) -> None:
+    """One turn's requests to all backends leave together: the default transports share one Outbox."""
+    from continuum_ingress.adapters.h1 import H1Pool
+
+    path = _write(tmp_path / "c.yaml", _cfg("a", "b"))
+    holder, _ = _holder(path)
+    first = holder.current
+    _write(path, _cfg("a", "c"))
+    assert holder.file_changed() and holder.reload()
+    pools = [first.clients["a"].transport, first.clients["b"].transport, holder.current.clients["c"].transport]
+    assert all(isinstance(p, H1Pool) for p in pools)
+    assert len({id(p._outbox) for p in pools}) == 1  # type: ignore[attr-defined]

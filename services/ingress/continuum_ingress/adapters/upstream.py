@@ -1,5 +1,5 @@
 """One client per backend: its URL, request targets and transport (transport.py), by default
-the pooled keep-alive HTTP/1.1 client of adapters/h1.py (`h1_transport`).
+the pooled keep-alive HTTP/1.1 client of adapters/h1.py (`H1Transports`).
 
 Clients are created for a configuration snapshot and reused by later snapshots while the
 backend's address and limits are unchanged. A client a reload made obsolete is retired, not
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
 from continuum_common.config import Backend
-from continuum_ingress.adapters.h1 import H1Pool
+from continuum_ingress.adapters.h1 import H1Pool, Outbox
 from continuum_ingress.protocol.dialects import join_url
 from continuum_ingress.transport import Transport, TransportFactory
 
@@ -28,18 +28,25 @@ def _client_key(spec: Backend) -> tuple[object, ...]:
     return (spec.url, spec.connect_timeout_ms, spec.request_timeout_ms, spec.max_connections)
 
 
-def h1_transport(spec: Backend, tls_context: ssl.SSLContext | None) -> H1Pool:
-    """The production transport: connect and pool waits are bounded by the connect timeout;
-    reads by the request timeout, per wait for bytes (a long stream is fine, a stalled one is
-    not)."""
-    return H1Pool(
-        spec.url,
-        connect_timeout=spec.connect_timeout_ms / 1000,
-        read_timeout=spec.request_timeout_ms / 1000,
-        max_connections=spec.max_connections,
-        keepalive_expiry=KEEPALIVE_EXPIRY_S,
-        tls_context=tls_context,
-    )
+class H1Transports:
+    """The production `TransportFactory`: connect and pool waits are bounded by the connect
+    timeout; reads by the request timeout, per wait for bytes (a long stream is fine, a stalled
+    one is not). Every pool it builds shares one `Outbox`, so the requests one turn of the loop
+    sends to all backends leave together at its end."""
+
+    def __init__(self) -> None:
+        self.outbox = Outbox()
+
+    def __call__(self, spec: Backend, tls_context: ssl.SSLContext | None) -> H1Pool:
+        return H1Pool(
+            spec.url,
+            connect_timeout=spec.connect_timeout_ms / 1000,
+            read_timeout=spec.request_timeout_ms / 1000,
+            max_connections=spec.max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            tls_context=tls_context,
+            outbox=self.outbox,
+        )
 
 
 class UpstreamClient:
@@ -71,8 +78,8 @@ class ClientSet:
     """Backend name -> current client (an `UpstreamSet`); retired clients wait for
     close_unused()."""
 
-    def __init__(self, transport: TransportFactory = h1_transport) -> None:
-        self._transport = transport
+    def __init__(self, transport: TransportFactory | None = None) -> None:
+        self._transport = transport or H1Transports()
         self._current: dict[str, UpstreamClient] = {}
         self._retired: list[UpstreamClient] = []
         self._tls: ssl.SSLContext | None = None
