@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from continuum_ingress.adapters.h1_server import DefaultHeaders, H1ServerProtocol
+from continuum_ingress.asgi import RESPOND, Channel
 from continuum_ingress.edge import EdgeGuard, EdgeLimits
 
 
@@ -96,3 +97,35 @@ async def test_a_large_body_is_written_beside_its_head() -> None:
     assert len(sends) == 1
     head, _, rest = sends[0].partition(b"|")
     assert head.endswith(b"\r\n\r\n") and rest == body
+
+
+async def test_the_scope_s_respond_sends_a_whole_response_as_the_two_messages_would() -> None:
+    results: list[bool] = []
+
+    async def responding(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        respond = scope[RESPOND]
+        results.append(respond(200, [(b"content-length", b"2")], b"hi"))
+        results.append(respond(200, [(b"content-length", b"2")], b"hi"))  # already answered: refused
+
+    sends = await serve_one(responding)
+    assert sends == [b"HTTP/1.1 200 OK\r\ndate: today\r\ncontent-length: 2\r\n\r\nhi"]
+    assert results == [True, False]
+
+
+async def test_respond_refuses_while_writes_are_paused_and_the_channel_falls_back_to_send() -> None:
+    outcome: list[object] = []
+
+    async def paused(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        conn = scope[RESPOND].__self__.conn
+        conn.pause_writing()  # the client reads slowly
+        outcome.append(scope[RESPOND](200, [(b"content-length", b"2")], b"hi"))
+        asyncio.get_running_loop().call_later(0.02, conn.resume_writing)
+        channel = Channel(send, scope[RESPOND])
+        await channel.whole(200, [], b"ok")  # waits for the drain through send()
+        outcome.append((channel.started, channel.finishing, channel.status))
+
+    sends = await serve_one(paused, seconds=0.05)
+    assert outcome == [False, (True, True, 200)]
+    assert sends == [b"HTTP/1.1 200 OK\r\ndate: today\r\ncontent-length: 2\r\n\r\nok"]

@@ -10,7 +10,7 @@ import contextlib
 import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -121,10 +121,11 @@ class Channel:
     """The response side of one request: records whether the response started and its status,
     and marks the final body message so the disconnect watch ignores the end of the request."""
 
-    __slots__ = ("_send", "finishing", "started", "status")
+    __slots__ = ("_respond", "_send", "finishing", "started", "status")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, respond: Respond | None = None) -> None:
         self._send = send
+        self._respond = respond
         self.started = False
         self.finishing = False
         self.status = 0
@@ -141,6 +142,11 @@ class Channel:
 
     async def whole(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
         headers.append((b"content-length", str(len(data)).encode()))
+        respond = self._respond
+        if respond is not None and respond(status, headers, data):
+            self.started = self.finishing = True
+            self.status = status
+            return
         await self.start(status, headers)
         await self.body(data)
 
@@ -156,6 +162,18 @@ async def send_json(send: Send, status: int, payload: object, headers: list[tupl
     out = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *(headers or [])]
     await send({"type": "http.response.start", "status": status, "headers": out})
     await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+RESPOND = "continuum.respond"
+"""Scope key under which the router's HTTP protocol puts a `Respond` for the request: a whole
+response in one synchronous call instead of two ASGI messages (a `Channel` uses it when given)."""
+
+
+class Respond(Protocol):
+    """Sends a whole response (status, headers with its Content-Length, body) at once; returns
+    False, with nothing sent, when it cannot (the caller then uses the ASGI `send`)."""
+
+    def __call__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, /) -> bool: ...
 
 
 DISCONNECT_HOOK = "continuum.disconnect"

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from continuum_common.tracing import Tracing
 from continuum_ingress.asgi import (
     DISCONNECT_HOOK,
+    RESPOND,
     Channel,
     ClientGone,
     DisconnectWatch,
@@ -91,7 +92,7 @@ class ForwardEndpoint:
         started = self.clock()
         api = self.api
         info = read_headers(scope["headers"])
-        channel = Channel(send)
+        channel = Channel(send, scope.get(RESPOND))
         snapshot = self.holder.acquire()
         rtrace = None if self.tracing is None else RequestTrace(self.tracing, api.value, scope["headers"])
         try:

@@ -127,16 +127,32 @@ class RequestCycle:
         if not self.started:
             if kind != "http.response.start":
                 raise RuntimeError(f"expected ASGI message 'http.response.start', got {kind!r}")
-            conn.write(self._head(message["status"], message.get("headers", ())))
-            self.started = True
-            self.expect_continue = False
+            self._start(message["status"], message.get("headers", ()))
             return
         if kind != "http.response.body":
             raise RuntimeError(f"expected ASGI message 'http.response.body', got {kind!r}")
+        self._body(message.get("body", b""), message.get("more_body", False))
+
+    def respond(self, status: int, headers: Any, body: bytes) -> bool:
+        """A whole response (its headers carry the Content-Length) in one call, as the two ASGI
+        messages would send it, without their coroutines. False, with nothing done, while the
+        connection's writes are paused or a response already started: then `send` it."""
+        if self.started or (self.conn.write_paused and not self.disconnected):
+            return False
+        if not self.disconnected:
+            self._start(status, headers)
+            self._body(body, False)
+        return True
+
+    def _start(self, status: int, headers: Any) -> None:
+        self.conn.write(self._head(status, headers))
+        self.started = True
+        self.expect_continue = False
+
+    def _body(self, body: bytes, more: bool) -> None:
         if self.complete:
             raise RuntimeError("ASGI message 'http.response.body' sent after the response completed")
-        body: bytes = message.get("body", b"")
-        more: bool = message.get("more_body", False)
+        conn = self.conn
         if self.is_head:
             body = b""
         elif self.chunked:
