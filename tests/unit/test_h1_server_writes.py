@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from continuum_ingress.adapters.h1_server import DefaultHeaders, H1ServerProtocol, TurnFlush
+from continuum_ingress.adapters.h1_server import DefaultHeaders, H1ServerProtocol
 from continuum_ingress.asgi import RESPOND, Channel
 from continuum_ingress.edge import EdgeGuard, EdgeLimits
 
@@ -129,24 +129,3 @@ async def test_respond_refuses_while_writes_are_paused_and_the_channel_falls_bac
     sends = await serve_one(paused, seconds=0.05)
     assert outcome == [False, (True, True, 200)]
     assert sends == [b"HTTP/1.1 200 OK\r\ndate: today\r\ncontent-length: 2\r\n\r\nok"]
-
-
-async def test_connections_that_wrote_in_one_turn_are_flushed_together_and_a_failure_holds_back_none() -> None:
-    loop = asyncio.get_running_loop()
-    flushed: list[str] = []
-
-    class Conn:
-        def __init__(self, name: str, fail: bool = False) -> None:
-            self.loop, self.name, self.fail = loop, name, fail
-
-        def flush(self) -> None:
-            if self.fail:
-                raise RuntimeError("broken transport")
-            flushed.append(self.name)
-
-    turns = TurnFlush()
-    for conn in (Conn("a"), Conn("b", fail=True), Conn("c")):
-        turns.add(conn)  # type: ignore[arg-type]
-    assert flushed == []  # nothing before the end of the turn
-    await asyncio.sleep(0)
-    assert flushed == ["a", "c"]

@@ -78,33 +78,9 @@ class DefaultHeaders:
         return self._encoded
 
 
-class TurnFlush:
-    """The connections that wrote during this turn of the loop, flushed together at its end by
-    one callback (one per server, shared by its connections) rather than one callback each."""
-
-    __slots__ = ("_pending",)
-
-    def __init__(self) -> None:
-        self._pending: list[H1ServerProtocol] = []
-
-    def add(self, conn: H1ServerProtocol) -> None:
-        pending = self._pending
-        pending.append(conn)
-        if len(pending) == 1:
-            conn.loop.call_soon(self.run)
-
-    def run(self) -> None:
-        pending, self._pending = self._pending, []
-        for conn in pending:
-            try:
-                conn.flush()
-            except Exception:  # one connection's broken transport must not hold back the others
-                log.exception("writing to a client failed")
-
-
 class H1ServerProtocol(asyncio.Protocol):
     """One client connection (see the module docstring). Built by uvicorn's server with its
-    protocol arguments; `guard`, `defaults` and `turns` are bound by `protocol_factory`."""
+    protocol arguments; `guard` and `defaults` are bound by `protocol_factory`."""
 
     def __init__(
         self,
@@ -115,7 +91,6 @@ class H1ServerProtocol(asyncio.Protocol):
         *,
         guard: EdgeGuard,
         defaults: DefaultHeaders,
-        turns: TurnFlush | None = None,
     ) -> None:
         if not config.loaded:
             config.load()
@@ -126,7 +101,6 @@ class H1ServerProtocol(asyncio.Protocol):
         self.guard = guard
         self.limits = guard.limits
         self._defaults = defaults
-        self._turns = turns or TurnFlush()
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
         self.server: tuple[str, int] | None = None
@@ -403,7 +377,7 @@ class H1ServerProtocol(asyncio.Protocol):
         self._out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._turns.add(self)
+            self.loop.call_soon(self.flush)
 
     def close(self) -> None:
         """Close the connection after what this turn of the loop has written."""
@@ -510,4 +484,4 @@ class H1ServerProtocol(asyncio.Protocol):
 
 def protocol_factory(guard: EdgeGuard) -> Any:
     """What uvicorn's `Config(http=...)` takes: the protocol bound to one server's edge."""
-    return functools.partial(H1ServerProtocol, guard=guard, defaults=DefaultHeaders(), turns=TurnFlush())
+    return functools.partial(H1ServerProtocol, guard=guard, defaults=DefaultHeaders())
