@@ -189,7 +189,9 @@ class Outbox:
     largest single item of the router's CPU per request. Written together at the end of the
     turn, the first send wakes the backend and the rest find it awake. At concurrency 1 the
     cost is one pass of the loop (the turn has nothing else to do). Measured in
-    docs/benchmarks.md ("Upstream requests written once per loop turn")."""
+    docs/benchmarks.md ("Upstream requests written once per loop turn"). Bounded without a
+    limit of its own: a connection carries one request at a time, so the queue never holds more
+    entries than the pools sharing it have connections open."""
 
     __slots__ = ("_queue",)
 
