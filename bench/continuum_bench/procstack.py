@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 import time
 from collections import Counter
@@ -31,7 +30,7 @@ from typing import Any
 import httpx
 import yaml
 
-from continuum_common.procs import HttpServiceProcess, ManagedProcess, NatsServer, RedisServer, free_port
+from continuum_common.procs import HttpServiceProcess, ManagedProcess, NatsServer, RedisServer, free_port, port_is_free
 from continuum_sim.app import EngineEndpoints
 from continuum_sim.fleet import listener_sources
 
@@ -100,7 +99,7 @@ class ProcessStack:
         while True:
             port = free_port()
             wanted = set(range(port, port + span))
-            if wanted & self._ports or any(not _bindable(p) for p in range(port + 1, port + span)):
+            if wanted & self._ports or any(not port_is_free(p) for p in range(port + 1, port + span)):
                 continue
             self._ports |= wanted
             return port
@@ -310,15 +309,6 @@ class ProcessStack:
             if all(index.get(name, 0) == count for name, count in engines.items()) or time.monotonic() > deadline:
                 return index, engines
             await asyncio.sleep(0.25)
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _pid(process: ManagedProcess) -> int | None:

@@ -10,20 +10,10 @@ from typing import Any
 
 import httpx
 
-from continuum_common.asgi_server import bind_tcp
-from continuum_common.procs import NatsServer
+from continuum_common.procs import NatsServer, free_port
 from continuum_testing.ingress_harness import running_ingress
 from continuum_testing.upstream_stub import running_stubs
 from tests.integration.test_kv_selector_ingress import kv_config
-
-
-def free_port() -> int:
-    sock = bind_tcp("127.0.0.1", 0)
-    try:
-        port: int = sock.getsockname()[1]
-        return port
-    finally:
-        sock.close()
 
 
 async def connz(monitor: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -30,12 +31,50 @@ from continuum_common.errors import HarnessError
 _READY_TIMEOUT_S = 20.0
 
 
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 10_000  # below this live the well-known and registered ports of common servers
+_PORT_TRIES = 200
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port that is free now and lies outside the kernel's ephemeral range.
+
+    The port is handed to a process that binds it later, seconds later for a Python service on
+    a busy machine. A port the OS picks for bind(0) comes from the ephemeral range, the same range
+    every outgoing connection takes its local port from, so a client connecting somewhere in the
+    meantime can hold it by the time the service binds ("Address already in use"). Ports outside
+    that range are never handed out implicitly; only another explicit bind can take them."""
+    low, high = ephemeral_port_range()
+    below, above = range(_LOWEST_PORT, low), range(high + 1, 65_536)
+    total = len(below) + len(above)
+    for _ in range(_PORT_TRIES if total else 0):
+        pick = random.randrange(total)
+        port = below[pick] if pick < len(below) else above[pick - len(below)]
+        if port_is_free(port, host):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no room outside: let the OS pick
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen = int(sock.getsockname()[1])
+    return chosen
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for implicitly bound local ports (Linux's default where unreadable)."""
+    try:
+        low, high = (int(part) for part in _EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32_768, 60_999
+    return low, high
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a listening socket could bind `port` on `host` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def find_binary(name: str) -> str:
