@@ -1,8 +1,8 @@
 """`continuum-router serve` with `server.workers: 2` as real processes on a real port: both
 workers take connections on the one port, a killed worker is restarted while the port keeps
 serving, SIGHUP reloads every worker, SIGTERM drains them all, the workers die with their
-supervisor, a worker that cannot start fails serve with one line, and the CHWBL bound holds
-across the workers (the shared load view)."""
+supervisor, a worker that cannot start fails serve with one line, the CHWBL bound holds
+across the workers (the shared load view), and long-lived connections end up spread evenly."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -136,6 +137,45 @@ async def test_both_workers_take_connections_on_one_port(tmp_path: Path) -> None
             assert set(served) == {"0", "1"} and all(n > 0 for n in served.values()), served
             assert sum(served.values()) == 30
             assert samples[("continuum_ingress_workers_running", frozenset())] == 2
+
+
+async def keep_alive_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    body = orjson.dumps(CHAT)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    async with asyncio.timeout(30):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+        await reader.readexactly(length)
+    return head.split(b"\r\n", 1)[0]
+
+
+async def test_long_lived_connections_are_spread_evenly_over_the_workers(tmp_path: Path) -> None:
+    # The kernel's hash splits 40 connections 20/20 one time in eight; the workers even out
+    # whatever split it made by handing idle keep-alive connections over (rebalancer.py).
+    config = tmp_path / "router.yaml"
+    async with running_stubs("a") as stubs:
+        write_config(config, stubs)
+        async with serve(config) as running:
+            conns = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(40)]
+            try:
+                for _ in range(3):
+                    assert {await keep_alive_request(r, w) for r, w in conns} == {b"HTTP/1.1 200 OK"}
+                await asyncio.sleep(1.5)  # six rebalancing intervals
+                samples = await running.metrics()  # on a connection of its own: one more on one worker
+                held = per_worker(samples, "continuum_ingress_open_connections")
+                assert sorted(held.values()) == [20, 21], held
+                moved = per_worker(samples, "continuum_ingress_connections_moved_total", direction="out")
+                taken = per_worker(samples, "continuum_ingress_connections_moved_total", direction="in")
+                assert sum(moved.values()) == sum(taken.values())
+                # every connection, moved or not, keeps serving
+                for _ in range(2):
+                    assert {await keep_alive_request(r, w) for r, w in conns} == {b"HTTP/1.1 200 OK"}
+            finally:
+                for _, writer in conns:
+                    writer.close()
 
 
 async def test_a_killed_worker_is_restarted_while_the_port_keeps_serving(tmp_path: Path) -> None:

@@ -249,6 +249,30 @@ class WorkerScrapeMetrics:
         )
 
 
+HANDOFF_FAILURES = ("peer_busy", "peer_gone", "send_failed", "not_open", "adopt_failed")
+
+
+class RebalanceMetrics:
+    """Client connections moved between the workers of one `serve` (continuum_ingress.rebalancer)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        moved = Counter(
+            "continuum_ingress_connections_moved",
+            "Idle keep-alive client connections handed to a sibling worker (out) or taken from one (in)",
+            ["direction"],
+            registry=registry,
+        )
+        self.moved_out, self.moved_in = moved.labels("out"), moved.labels("in")
+        failures = Counter(
+            "continuum_ingress_connection_handoff_failures",
+            "Connection counts or hand-overs that did not reach a sibling (the connections stayed), "
+            "and handed-over connections this worker could not serve",
+            ["reason"],
+            registry=registry,
+        )
+        self.failures = {reason: failures.labels(reason) for reason in HANDOFF_FAILURES}
+
+
 class SupervisorMetrics:
     """The `serve` supervisor's own metrics (supervisor.py), included in every worker's `/metrics`."""
 

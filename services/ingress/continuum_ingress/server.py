@@ -6,7 +6,10 @@ router's settings - the app's lifespan, no Server header, a 30 s graceful drain 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import socket
+from collections.abc import Collection
 from typing import Any
 
 from continuum_common.asgi_server import EmbeddedServer
@@ -51,3 +54,19 @@ class RunningServer(EmbeddedServer):
         """The address as bound (a wildcard stays a wildcard: the operator sees what listens)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    def connections(self) -> Collection[Any]:
+        """The client connections (protocol objects) this server holds now."""
+        connections: Collection[Any] = self.server.server_state.connections
+        return connections
+
+    async def adopt(self, sock: socket.socket) -> None:
+        """Serve a connection another process accepted (a sibling worker handed it over), as
+        if this server had accepted it. Only once the server has started."""
+        server = self.server
+        config = server.config
+        protocol: Any = config.http_protocol_class  # uvicorn's protocol arguments (typed as a bare Protocol)
+        factory = functools.partial(
+            protocol, config=config, server_state=server.server_state, app_state=server.lifespan.state
+        )
+        await asyncio.get_running_loop().connect_accepted_socket(factory, sock)

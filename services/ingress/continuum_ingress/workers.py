@@ -7,6 +7,8 @@ meets its siblings through sockets in that directory:
 
     load-<i>.sock              worker i's load reports in (Unix datagram; adapters/load_local.py)
     metrics-<i>.sock           worker i's own metrics out (Unix stream; adapters/worker_metrics.py)
+    handoff-<i>.sock           connection counts and handed-over connections in (Unix datagram;
+                               adapters/handoff.py, continuum_ingress.rebalancer)
     metrics-supervisor.sock    the supervisor's metrics (worker restarts)
 """
 
@@ -32,6 +34,9 @@ class WorkerSeat:
 
     def load_socket(self, index: int) -> Path:
         return self.directory / f"load-{index}.sock"
+
+    def handoff_socket(self, index: int) -> Path:
+        return self.directory / f"handoff-{index}.sock"
 
     def metrics_socket(self, index: int | str) -> Path:
         return self.directory / f"metrics-{index}.sock"

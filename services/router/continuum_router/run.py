@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 from continuum_common.asgi_server import bind_tcp
 from continuum_common.config import load_router_config
+from continuum_ingress.metrics import RebalanceMetrics
+from continuum_ingress.rebalancer import ConnectionBalancer
 from continuum_ingress.server import RunningServer
 from continuum_ingress.supervisor import Supervisor
 from continuum_ingress.workers import WorkerSeat
@@ -94,9 +96,18 @@ async def serve_forever(
     sock = None if worker is None else bind_tcp(bind_host, bind_port, reuse_port=True)
     async with RunningServer(app.asgi, bind_host, bind_port, log_level="warning", edge=app.edge, sock=sock) as server:
         log.info("continuum-router serving on %s (SIGHUP or a file change reloads %s)", server.url, config_path)
+        balancer = None
+        if worker is not None and server_cfg.rebalance_connections and app.edge is not None:
+            metrics = RebalanceMetrics(app.metrics.registry)
+            balancer = ConnectionBalancer(worker, server, metrics, interval=server_cfg.rebalance_interval)
         settle_heap()
         print(f"continuum-router listening on {server.url}", flush=True)
-        await stop.wait()
+        async with asyncio.TaskGroup() as tasks:
+            if balancer is not None:
+                tasks.create_task(balancer.run(), name="connection-balancer")
+            await stop.wait()
+            if balancer is not None:
+                balancer.stop()  # before the drain: a stopping worker neither gives nor takes
         log.info("shutting down: draining requests in flight")
     return 0
 

@@ -285,10 +285,14 @@ class Server(Section):
     body_timeout: Duration = 30.0
     keepalive_timeout: Duration = 30.0
     max_connections_per_client: int = Field(1024, ge=0, le=1_000_000)
+    # With several workers: hand idle keep-alive connections from a worker above the fair share
+    # to one below it, every `rebalance_interval` (docs/ingress.md, "Workers").
+    rebalance_connections: bool = True
+    rebalance_interval: Duration = 0.25
 
     @model_validator(mode="after")
     def _positive_timeouts(self) -> Self:
-        for key in ("header_timeout", "body_timeout", "keepalive_timeout"):
+        for key in ("header_timeout", "body_timeout", "keepalive_timeout", "rebalance_interval"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"@{key}: must be greater than zero")
         return self

@@ -40,6 +40,7 @@ import asyncio
 import collections
 import functools
 import logging
+import os
 import urllib.parse
 from typing import Any
 
@@ -106,6 +107,7 @@ class H1ServerProtocol(asyncio.Protocol):
         self.server: tuple[str, int] | None = None
         self.client: tuple[str, int] | None = None
         self.cycle: RequestCycle | None = None
+        self._task: asyncio.Task[None] | None = None  # the app's task for `cycle`
         self.pipeline: collections.deque[RequestCycle] = collections.deque()
         self.hook = DisconnectHook(self.loop)
         self.write_paused = False
@@ -331,7 +333,7 @@ class H1ServerProtocol(asyncio.Protocol):
     # -- the app ---------------------------------------------------------------------------
     def _start(self, cycle: RequestCycle) -> None:
         self.cycle = cycle
-        task = self.loop.create_task(self._run(cycle))
+        task = self._task = self.loop.create_task(self._run(cycle))
         tasks = self.server_state.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -416,6 +418,34 @@ class H1ServerProtocol(asyncio.Protocol):
             self._set_deadline("head", self.limits.header_timeout)
         elif not self._in_body:
             self._set_deadline("keepalive", self.limits.keepalive_timeout)
+
+    # -- moving to a sibling worker (continuum_ingress.rebalancer) ---------------------------
+    def idle(self) -> bool:
+        """Between requests with nothing in flight either way, so the connection can move to
+        another process without losing or reordering a byte: what the client sends next waits
+        in the socket for whoever reads it."""
+        task = self._task
+        transport = self.transport
+        return (
+            self.deadline_kind in ("keepalive", "idle")
+            and self._head_bytes == 0
+            and not (self.refused or self._in_body or self.pipeline or self._out)
+            and not (self._read_paused or self.write_paused)
+            and (task is None or task.done())
+            and not transport.is_closing()
+            and transport.get_write_buffer_size() == 0
+        )
+
+    def socket_copy(self) -> int:
+        """A duplicate descriptor of the connection's socket, for another process."""
+        sock = self.transport.get_extra_info("socket")
+        return os.dup(sock.fileno())
+
+    def let_go(self) -> None:
+        """Drop this process's hold on a connection another process took over. Closing one
+        descriptor of a socket another process still holds neither sends a FIN nor discards
+        what the client sent; the connection lives on over there."""
+        self.transport.abort()
 
     # -- the edge --------------------------------------------------------------------------
     def _set_deadline(self, kind: str, timeout: float) -> None:
