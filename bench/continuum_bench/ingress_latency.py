@@ -354,8 +354,10 @@ def _variants(args: argparse.Namespace, backend_port: int, tmp: Path, env: dict[
                 out[name] = (port, _start_ingress(config, port, env, transport if launcher else None))
     if args.baseline is not None:
         port = _free_port()
-        config = _config(backend_port, tmp, workers=1, strategy=args.strategy)
-        out["baseline w1"] = (port, _start_ingress(config, port, {**env, "PYTHONPATH": _source_path(args.baseline)}))
+        workers = args.baseline_workers
+        config = _config(backend_port, tmp, workers=workers, strategy=args.strategy)
+        baseline_env = {**env, "PYTHONPATH": _source_path(args.baseline)}
+        out[f"baseline w{workers}"] = (port, _start_ingress(config, port, baseline_env))
     for peer in args.peers:
         out[peer] = _start_peer(peer, backend_port, args.strategy, tmp)
     return out
@@ -473,7 +475,10 @@ def main() -> None:
     parser.add_argument(
         "--baseline",
         type=Path,
-        help="another Continuum checkout (e.g. a git worktree of an earlier commit) measured beside, one worker",
+        help="another Continuum checkout (e.g. a git worktree of an earlier commit) measured beside",
+    )
+    parser.add_argument(
+        "--baseline-workers", type=int, default=1, help="server.workers of the --baseline checkout (default 1)"
     )
     args = parser.parse_args()
     if args.transport != ["h1"] and args.workers != [1]:

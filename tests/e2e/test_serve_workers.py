@@ -2,7 +2,8 @@
 workers take connections on the one port, a killed worker is restarted while the port keeps
 serving, SIGHUP reloads every worker, SIGTERM drains them all, the workers die with their
 supervisor, a worker that cannot start fails serve with one line, the CHWBL bound holds
-across the workers (the shared load view), and long-lived connections end up spread evenly."""
+across the workers (the shared load view), and with `rebalance_connections` long-lived
+connections end up spread evenly."""
 
 from __future__ import annotations
 
@@ -152,12 +153,15 @@ async def keep_alive_request(reader: asyncio.StreamReader, writer: asyncio.Strea
     return head.split(b"\r\n", 1)[0]
 
 
-async def test_long_lived_connections_are_spread_evenly_over_the_workers(tmp_path: Path) -> None:
+async def test_with_rebalancing_long_lived_connections_are_spread_evenly_over_the_workers(tmp_path: Path) -> None:
     # The kernel's hash splits 40 connections 20/20 one time in eight; the workers even out
     # whatever split it made by handing idle keep-alive connections over (rebalancer.py).
     config = tmp_path / "router.yaml"
     async with running_stubs("a") as stubs:
         write_config(config, stubs)
+        data = yaml.safe_load(config.read_text())
+        data["server"]["rebalance_connections"] = True
+        config.write_text(yaml.safe_dump(data))
         async with serve(config) as running:
             conns = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(40)]
             try:

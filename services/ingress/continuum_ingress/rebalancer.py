@@ -101,8 +101,17 @@ class ConnectionBalancer:
                 self._reports[move.to] = (count + len(chosen), at)
                 self._given.add(move.to)
 
-    def _give(self, sibling: int, connections: list[Movable]) -> bool:
-        fds = [c.socket_copy() for c in connections]
+    def _give(self, sibling: int, candidates: list[Movable]) -> bool:
+        fds: list[int] = []
+        connections: list[Movable] = []
+        for candidate in candidates:
+            try:
+                fds.append(candidate.socket_copy())
+            except (OSError, AttributeError):  # closed since it was found idle: it stays
+                continue
+            connections.append(candidate)
+        if not fds:
+            return False
         try:
             self.socket.send_fds(sibling, fds)
         except HandoffError as exc:

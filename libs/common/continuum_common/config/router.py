@@ -286,8 +286,9 @@ class Server(Section):
     keepalive_timeout: Duration = 30.0
     max_connections_per_client: int = Field(1024, ge=0, le=1_000_000)
     # With several workers: hand idle keep-alive connections from a worker above the fair share
-    # to one below it, every `rebalance_interval` (docs/ingress.md, "Workers").
-    rebalance_connections: bool = True
+    # to one below it, every `rebalance_interval` (docs/ingress.md, "Workers"). Off by default:
+    # it pays where each worker has a core of its own (docs/benchmarks.md).
+    rebalance_connections: bool = False
     rebalance_interval: Duration = 0.25
 
     @model_validator(mode="after")
