@@ -90,18 +90,20 @@ class ConnectionBalancer:
             self.metrics.failures[reason].inc()
         fresh_after = self._clock() - STALE_INTERVALS * self.interval
         counts = {i: count for i, (count, at) in self._reports.items() if at >= fresh_after}
-        moves = [m for m in plan_moves(mine, counts) if m.to not in self._given]
+        moves = [m for m in plan_moves(mine, counts, limit=MAX_FDS) if m.to not in self._given]
         if not moves:
             return
         idle = [c for c in self.server.connections() if c.idle()]
         for move in moves:
-            chosen, idle = idle[: min(move.count, MAX_FDS)], idle[move.count :]
-            if chosen and self._give(move.to, chosen):
+            chosen, idle = idle[: move.count], idle[move.count :]
+            moved = self._give(move.to, chosen) if chosen else 0
+            if moved:
                 count, at = self._reports[move.to]
-                self._reports[move.to] = (count + len(chosen), at)
+                self._reports[move.to] = (count + moved, at)
                 self._given.add(move.to)
 
-    def _give(self, sibling: int, candidates: list[Movable]) -> bool:
+    def _give(self, sibling: int, candidates: list[Movable]) -> int:
+        """Hand `candidates` to `sibling`; how many went."""
         fds: list[int] = []
         connections: list[Movable] = []
         for candidate in candidates:
@@ -111,19 +113,19 @@ class ConnectionBalancer:
                 continue
             connections.append(candidate)
         if not fds:
-            return False
+            return 0
         try:
             self.socket.send_fds(sibling, fds)
         except HandoffError as exc:
             self.metrics.failures[exc.reason].inc()
-            return False
+            return 0
         finally:
             close_fds(fds)  # sent or not, the kernel holds its own references now
         for connection in connections:
             connection.let_go()
         self.metrics.moved_out.inc(len(connections))
         log.debug("handed %d idle connections to worker %d", len(connections), sibling)
-        return True
+        return len(connections)
 
     # -- taking ------------------------------------------------------------------------------
     def _on_count(self, sibling: int, count: int) -> None:

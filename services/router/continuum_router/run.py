@@ -97,7 +97,7 @@ async def serve_forever(
     async with RunningServer(app.asgi, bind_host, bind_port, log_level="warning", edge=app.edge, sock=sock) as server:
         log.info("continuum-router serving on %s (SIGHUP or a file change reloads %s)", server.url, config_path)
         balancer = None
-        if worker is not None and server_cfg.rebalance_connections and app.edge is not None:
+        if worker is not None and server_cfg.rebalance_connections:
             metrics = RebalanceMetrics(app.metrics.registry)
             balancer = ConnectionBalancer(worker, server, metrics, interval=server_cfg.rebalance_interval)
         settle_heap()

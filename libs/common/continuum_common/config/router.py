@@ -287,7 +287,8 @@ class Server(Section):
     max_connections_per_client: int = Field(1024, ge=0, le=1_000_000)
     # With several workers: hand idle keep-alive connections from a worker above the fair share
     # to one below it, every `rebalance_interval` (docs/ingress.md, "Workers"). Off by default:
-    # it pays where each worker has a core of its own (docs/benchmarks.md).
+    # meant for hosts where each worker has a core of its own; on a machine whose cores the
+    # workers share with other busy processes it measured slower (docs/benchmarks.md).
     rebalance_connections: bool = False
     rebalance_interval: Duration = 0.25
 
