@@ -33,8 +33,8 @@ from typing import Any
 import uvloop
 import yaml
 
-from continuum_bench.ingress_latency import MODEL, SYSTEM, _free_port, _wait_port
-from continuum_common.procs import find_binary
+from continuum_bench.ingress_latency import MODEL, SYSTEM, _wait_port
+from continuum_common.procs import find_binary, free_port
 
 MODES = ("hit", "miss")
 
@@ -144,7 +144,7 @@ def _start(cmd: list[str], port: int, env: dict[str, str]) -> subprocess.Popen[b
 
 def main_bench(args: argparse.Namespace) -> None:
     env = {**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING"}
-    backend_port, redis_port = _free_port(), _free_port()
+    backend_port, redis_port = free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []
     rows: list[tuple[str, str, int, dict[str, Any]]] = []
     seeds = itertools.count(0, 10_000_000)
@@ -171,7 +171,7 @@ def main_bench(args: argparse.Namespace) -> None:
                 ("redis", {"enabled": True, "backend": "redis", "redis": redis}, MODES),
             ]
             for name, cache_cfg, modes in setups:
-                ingress_port = _free_port()
+                ingress_port = free_port()
                 config = _config(work, name, backend_port, cache_cfg)
                 serve = [sys.executable, "-m", "continuum_router", "serve", "--config", str(config),
                          "--port", str(ingress_port), "--watch-interval", "0"]  # fmt: skip

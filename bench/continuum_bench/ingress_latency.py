@@ -44,6 +44,8 @@ from typing import Any
 import uvloop
 import yaml
 
+from continuum_common.procs import free_port
+
 MODEL = "bench-model"
 SYSTEM = "You are a concise assistant for the Continuum benchmark. " * 4
 BODY = json.dumps(
@@ -163,13 +165,6 @@ async def _load(port: int, concurrency: int, seconds: float, warmup: float) -> d
 
 
 # -- orchestration ------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -312,7 +307,7 @@ def _start_peer(name: str, backend_port: int, strategy: str, workdir: Path) -> t
     returned once it lists the backend as a ready worker."""
     from continuum_bench.peers.common import peer_binary
 
-    port, metrics = _free_port(), _free_port()
+    port, metrics = free_port(), free_port()
     policy = PEER_POLICIES[strategy]
     common = ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1"]
     common += ["--prometheus-port", str(metrics), "--policy", policy]
@@ -350,10 +345,10 @@ def _variants(args: argparse.Namespace, backend_port: int, tmp: Path, env: dict[
             config = _config(backend_port, tmp, workers=workers, strategy=args.strategy, tracing=traced)
             for transport in args.transport:
                 name = f"continuum w{workers}" + (f" {transport}" if launcher else "") + (" traced" if traced else "")
-                port = _free_port()
+                port = free_port()
                 out[name] = (port, _start_ingress(config, port, env, transport if launcher else None))
     if args.baseline is not None:
-        port = _free_port()
+        port = free_port()
         workers = args.baseline_workers
         config = _config(backend_port, tmp, workers=workers, strategy=args.strategy)
         baseline_env = {**env, "PYTHONPATH": _source_path(args.baseline)}
@@ -364,7 +359,7 @@ def _variants(args: argparse.Namespace, backend_port: int, tmp: Path, env: dict[
 
 
 def main_bench(args: argparse.Namespace) -> None:
-    backend_port = _free_port()
+    backend_port = free_port()
     env = {**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING"}
     routers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,8 +35,7 @@ from typing import Any
 import httpx
 import yaml
 
-from continuum_bench.ingress_latency import _free_port
-from continuum_common.procs import NatsServer
+from continuum_common.procs import NatsServer, free_port
 from continuum_sim.hf_tokenizer import train_tokenizer
 from continuum_sim.protocol.generation import TextGenerator
 from continuum_sim.protocol.tokenizer import Tokenizer
@@ -150,7 +149,7 @@ def keys_seconds(port: int) -> tuple[float, float, float]:
 
 async def run_once(precise: bool, args: argparse.Namespace, workdir: Path, env: dict[str, str], nats_url: str,
              tokenizer: Any, convs: list[list[dict[str, Any]]], sizes: list[list[int]]) -> dict[str, float]:  # fmt: skip
-    backend_port, ingress_port = _free_port(), _free_port()
+    backend_port, ingress_port = free_port(), free_port()
     path = workdir / f"config-{'precise' if precise else 'baseline'}.yaml"
     path.write_text(yaml.safe_dump(config(backend_port, precise, tokenizer, nats_url)))
     backend = await asyncio.create_subprocess_exec(
