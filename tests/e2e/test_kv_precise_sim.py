@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from continuum_common.config.listener import ListenerConfig
@@ -47,12 +48,14 @@ async def engines(nats_url: str, files: TokenizerFiles | None) -> AsyncIterator[
             yield fleet
 
 
-def config(fleet: SimFleet, nats_url: str, files: TokenizerFiles, **kv: Any) -> dict[str, Any]:
-    group = {
+def config(fleet: SimFleet, nats_url: str, files: TokenizerFiles | None, **kv: Any) -> dict[str, Any]:
+    """`files` None: no local tokenizer, the ingress asks the engines' /tokenize."""
+    group: dict[str, Any] = {
         "name": "sims", "models": [MODEL], "mode": "precise", "engine": "vllm", "block_size": 16,
         "hash_seed": fleet.endpoints[0].python_hash_seed,
-        "tokenizer": str(files.tokenizer), "chat_template": str(files.chat_template),
     }  # fmt: skip
+    if files is not None:
+        group.update(tokenizer=str(files.tokenizer), chat_template=str(files.chat_template))
     return {
         "backends": [{**b, "health_check_interval_ms": 200} for b in fleet.router_backends()],
         "selection_strategy": "RoundRobin",
@@ -91,10 +94,7 @@ async def test_the_engines_block_events_route_a_conversation(nats_server: NatsSe
         first = await c.post("/v1/chat/completions", json=chat(messages))
         assert first.status_code == 200
         home = first.headers["x-continuum-backend"]
-        blocks = ing.app.kv.embedded.blocks  # type: ignore[union-attr]
-        async with asyncio.timeout(10):  # the engine's events reach the embedded index
-            while not (await blocks.block_stats()).backends.get(home):
-                await asyncio.sleep(0.05)
+        await wait_for_blocks(ing, home)
         for turn in range(4):
             messages = [
                 *messages,
@@ -106,6 +106,60 @@ async def test_the_engines_block_events_route_a_conversation(nats_server: NatsSe
             assert r.headers["x-continuum-backend"] == home  # RoundRobin alone would rotate
             usage = r.json()["usage"]
             assert usage["prompt_tokens_details"]["cached_tokens"] > 0.5 * usage["prompt_tokens"]
+            await asyncio.sleep(0.2)  # the engine reports the new blocks of this turn
+        assert decisions(ing, "kv_aware") >= 4
+
+
+async def wait_for_blocks(ing: RunningIngress, backend: str) -> None:
+    assert ing.app.kv is not None
+    blocks = ing.app.kv.embedded.blocks  # type: ignore[union-attr]
+    async with asyncio.timeout(10):  # the engine's events reach the embedded index
+        while not (await blocks.block_stats()).backends.get(backend):
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["local-tokenizer", "engine-tokenize"])
+async def test_a_responses_api_conversation_stays_with_its_cache(
+    nats_server: NatsServer, files: TokenizerFiles, local: bool
+) -> None:
+    """OpenAI Responses requests (the official SDK through the router): the ingress matches the
+    prompt the engine templates from `instructions` and the input items, so each next turn goes
+    to the engine holding the conversation and is served from its cache."""
+    async with (
+        engines(nats_server.url, files) as fleet,
+        running_ingress(config(fleet, nats_server.url, files if local else None, speculative_ttl_ms=0)) as ing,
+        openai.AsyncOpenAI(api_key="unused", base_url=f"{ing.url}/v1", max_retries=0, timeout=30) as client,
+    ):
+        assert ing.app.kv is not None
+        async with asyncio.timeout(10):
+            await ing.app.kv.ready.wait()
+        items: list[dict[str, Any]] = [{"role": "user", "content": "Where are the hammers?"}]
+        raw = await client.responses.with_raw_response.create(
+            model=MODEL,
+            instructions=SYSTEM,
+            input=items,
+            max_output_tokens=24,  # type: ignore[arg-type]
+        )
+        home = raw.headers["x-continuum-backend"]
+        answer = raw.parse().output_text
+        await wait_for_blocks(ing, home)
+        for turn in range(4):
+            items = [
+                *items,
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]},
+                {"role": "user", "content": [{"type": "input_text", "text": f"And question number {turn}?"}]},
+            ]
+            raw = await client.responses.with_raw_response.create(
+                model=MODEL,
+                instructions=SYSTEM,
+                input=items,
+                max_output_tokens=24,  # type: ignore[arg-type]
+            )
+            assert raw.headers["x-continuum-backend"] == home  # RoundRobin alone would rotate
+            response = raw.parse()
+            answer = response.output_text
+            assert response.usage is not None
+            assert response.usage.input_tokens_details.cached_tokens > 0.5 * response.usage.input_tokens
             await asyncio.sleep(0.2)  # the engine reports the new blocks of this turn
         assert decisions(ing, "kv_aware") >= 4
 

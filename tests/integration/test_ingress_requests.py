@@ -38,6 +38,22 @@ CASES = [
     ("/v1/embeddings", b'{"model": "m", "input": {"a": 1}}', 400, "invalid_type", "input"),
     ("/v1/completions", b'{"model": "m"}', 400, "missing_required_parameter", "prompt"),
     ("/v1/responses", b'{"input": "x"}', 400, "missing_required_parameter", "model"),
+    ("/v1/responses", b'{"model": "m", "input": [{"role": "robot", "content": "x"}]}', 400, None, "input[0].role"),
+    (
+        "/v1/responses",
+        b'{"model": "m", "input": [{"role": "user", "content": [{"type": "input_text"}]}]}',
+        400,
+        None,
+        "input[0].content[0].text",
+    ),
+    ("/v1/responses", b'{"model": "m", "input": "x", "instructions": ["x"]}', 400, "invalid_type", "instructions"),
+    (
+        "/v1/messages",
+        b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}',
+        400,
+        "invalid_request_error",
+        None,
+    ),
     ("/anthropic/v1/messages", b"{oops", 400, "invalid_request_error", None),
     (
         "/anthropic/v1/messages",
@@ -71,7 +87,7 @@ async def test_bad_requests_are_refused_before_any_backend(
         r = await c.post(path, content=raw, headers={"content-type": "application/json"})
     assert r.status_code == status
     body = r.json()
-    if path.startswith("/anthropic"):
+    if path.startswith(("/anthropic", "/v1/messages")):
         assert body["type"] == "error" and body["error"]["type"] == kind and body["request_id"]
         assert r.headers["request-id"] == body["request_id"]
     else:
@@ -112,6 +128,8 @@ async def test_unknown_paths_and_methods_get_json_errors() -> None:
         assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
         r = await c.post("/anthropic/v1/nothing", json=GOOD)
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+        r = await c.get("/v1/messages")  # Anthropic's path at the root: Anthropic's error shape
+        assert r.status_code == 405 and r.json()["type"] == "error"
         assert (await c.get("/healthz")).text == "ok"
         ready = await c.get("/readyz")
         assert ready.status_code == 200 and ready.json()["ready"] is True

@@ -71,8 +71,19 @@ async def test_sdks_stream_and_non_stream_through_the_ingress(fleet: SimFleet) -
         async with ac.messages.stream(model=model, max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as st:
             text = "".join([t async for t in st.text_stream])
         assert text
+        # Anthropic's own path at the root, where vLLM serves it: the SDK without `/anthropic`.
+        root = anthropic.AsyncAnthropic(api_key="unused", base_url=ing.url, max_retries=0)
+        msg = await root.messages.create(model=model, max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        assert msg.content[0].text  # type: ignore[union-attr]
+        # OpenAI Responses, both ways.
+        response = await oc.responses.create(model=model, instructions=SYSTEM, input="hi", max_output_tokens=8)
+        assert response.output_text and response.usage is not None and response.usage.output_tokens <= 8
+        events = [e async for e in await oc.responses.create(model=model, input="hi", max_output_tokens=8, stream=True)]
+        assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta")
         await oc.close()
         await ac.close()
+        await root.close()
 
 
 async def _cached(oc: openai.AsyncOpenAI, model: str, system: str, user: str) -> tuple[int, str]:
@@ -102,6 +113,31 @@ async def test_tier1_keeps_the_prefix_cache_warm(fleet: SimFleet, strategy: str)
     else:
         assert len(set(engines)) == 3
         assert cached[:3] == [0, 0, 0] and all(c > 0 for c in cached[3:])
+
+
+async def test_tier1_sends_one_instructions_to_one_engine_over_the_responses_api(fleet: SimFleet) -> None:
+    """A Responses request's prefix key is its chat form's: `instructions` anchor it as a system
+    prompt does, so PrefixAwareHash keeps them on one engine and every repeat is a cache hit."""
+    _reset(fleet)
+    model = fleet.endpoints[0].model
+    async with running_ingress(_config(fleet, "PrefixAwareHash")) as ing:
+        oc = openai.AsyncOpenAI(api_key="unused", base_url=f"{ing.url}/v1", max_retries=0)
+        engines, cached = set(), []
+        for i in range(6):
+            raw = await oc.responses.with_raw_response.create(
+                model=model, instructions=SYSTEM, input=f"question {i}", max_output_tokens=4
+            )
+            engines.add(raw.headers["x-continuum-backend"])
+            usage = raw.parse().usage
+            assert usage is not None
+            cached.append(usage.input_tokens_details.cached_tokens)
+        await oc.close()
+        routed = ing.app.metrics.registry.get_sample_value(
+            "continuum_prefix_routing_requests_total", {"strategy": "prefix_hash"}
+        )
+    assert routed == 6  # by the instructions' key, not the fallback a keyless request gets
+    assert len(engines) == 1
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])
 
 
 async def test_salt_echo_reaches_the_engine_and_keeps_cache_hits(

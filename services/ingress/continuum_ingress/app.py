@@ -65,9 +65,9 @@ from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.policy.scorer import BackendScorer
 from continuum_ingress.pool import BackendPool
-from continuum_ingress.protocol.apis import CLIENT_PATHS
+from continuum_ingress.protocol.apis import CLIENT_PATHS, path_error_style
 from continuum_ingress.protocol.dialects import UpstreamDialect, default_dialects
-from continuum_ingress.protocol.errors import ErrorStyle, error_body
+from continuum_ingress.protocol.errors import error_body
 from continuum_ingress.rewriters import AnthropicCacheControl, SaltEcho
 from continuum_ingress.snapshot import SnapshotFactory
 from continuum_ingress.transport import TransportFactory
@@ -319,7 +319,7 @@ class HotPaths:
 async def _http_error(request: Request, exc: Exception) -> Response:
     """404/405 and other routing errors in the provider shape of the path."""
     assert isinstance(exc, StarletteHTTPException)
-    style = ErrorStyle.ANTHROPIC if request.url.path.startswith("/anthropic/") else ErrorStyle.OPENAI
+    style = path_error_style(request.url.path)
     kind = {404: "not_found", 405: "method"}.get(exc.status_code, "invalid_request")
     message = {
         404: f"Unknown path {request.url.path}.",

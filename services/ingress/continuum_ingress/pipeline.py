@@ -70,9 +70,10 @@ class SelectionPipeline:
     def prepare(self, state: RequestState, snapshot: RouterSnapshot) -> None:
         """Compute the request's prefix key (Tier 1) once."""
         routing = snapshot.config.prefix_routing
-        if routing.enabled and state.api in PREFIX_APIS:
+        request = state.request
+        if routing.enabled and request.key_api in PREFIX_APIS:
             state.prefix_key = request_prefix_key(
-                state.request.body, enabled=True, max_prefix_length=routing.max_prefix_length
+                request.key_body, enabled=True, max_prefix_length=routing.max_prefix_length
             )
             if state.prefix_key is not None:
                 self.metrics.prefix_seen(state.prefix_key)

@@ -59,6 +59,16 @@ class RequestState:
         return self.request.api
 
     @property
+    def key_api(self) -> Api:
+        """The API whose rules the routing keys follow (ParsedRequest.key_api)."""
+        return self.request.key_api
+
+    @property
+    def key_body(self) -> dict[str, Any]:
+        """The body the routing keys are computed from (ParsedRequest.key_body)."""
+        return self.request.key_body
+
+    @property
     def model(self) -> str:
         return self.request.model
 

@@ -103,35 +103,35 @@ class GroupRuntime:
     # ---- keys --------------------------------------------------------------------------------
 
     def approximate_keys(self, state: RequestState, fallback: FallbackReason | None = None) -> RequestKeys:
-        data = conversation_bytes(state.api, state.request.body)
+        data = conversation_bytes(state.key_api, state.key_body)
         chain = chunk_chain(data, self.approx.chunk_bytes)
         prompt = max(1, round(len(data) / self.approx.bytes_per_token))
         return RequestKeys("approximate", chain, self.chunk_tokens, prompt, fallback)
 
     def prefix_key_keys(self, state: RequestState) -> RequestKeys:
         """No chain (the prefix-key index is read by the prefix key); the prompt estimated."""
-        data = conversation_bytes(state.api, state.request.body)
+        data = conversation_bytes(state.key_api, state.key_body)
         return RequestKeys("prefix_key", (), 1.0, max(1, round(len(data) / self.approx.bytes_per_token)))
 
     def local_keys(self, state: RequestState) -> RequestKeys:
         """Precise keys from the local tokenizer (raises TokenizationError)."""
         assert self.encoder is not None and self.tokenizer is not None
-        body = state.request.body
+        body = state.key_body
         salt = body.get("cache_salt")
         salt = salt if isinstance(salt, str) else None
-        if state.api is Api.COMPLETIONS:
+        if state.key_api is Api.COMPLETIONS:
             prompt = body.get("prompt")
             text = prompt if isinstance(prompt, str) else ""
             encoded = self.encoder.encode(text, add_special_tokens=True, cache_salt=salt)
         else:
-            text = self.tokenizer.render_chat(chat_messages(state.api, body), **template_kwargs(body))
+            text = self.tokenizer.render_chat(chat_messages(state.key_api, body), **template_kwargs(body))
             encoded = self.encoder.encode(text, add_special_tokens=False, cache_salt=salt)
         return RequestKeys("precise", encoded.block_hashes, float(self.block_size), max(1, encoded.token_count))
 
     def keys_from_tokens(self, state: RequestState, tokens: Sequence[int]) -> RequestKeys:
         """Precise keys from token ids a backend's /tokenize returned."""
         assert self.hasher is not None
-        salt = state.request.body.get("cache_salt")
+        salt = state.key_body.get("cache_salt")
         digests = self.hasher.chain(tokens, cache_salt=salt if isinstance(salt, str) else None)
         wire = self.hasher.wire
         return RequestKeys("precise", [wire(d) for d in digests], float(self.block_size), max(1, len(tokens)))

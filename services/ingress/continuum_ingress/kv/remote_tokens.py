@@ -108,12 +108,12 @@ class RemoteTokens:
 
     async def keys(self, state: RequestState, client: Upstream) -> RequestKeys:
         """The request's keys (raises TokenizeFailed when a call on the path fails)."""
-        if state.api is Api.COMPLETIONS:
+        if state.key_api is Api.COMPLETIONS:
             return await self._completion_keys(state, client)
-        messages = chat_messages(state.api, state.request.body)
+        messages = chat_messages(state.key_api, state.key_body)
         if self.known is None or not messages:
             return await self._asked(state, client)
-        digests, sizes = conversation_digests(state.request.body, state.model, messages)
+        digests, sizes = conversation_digests(state.key_body, state.model, messages)
         n = len(messages)
         found = self.known.find(digests)
         if found is not None:
@@ -137,10 +137,10 @@ class RemoteTokens:
         return keys
 
     async def _completion_keys(self, state: RequestState, client: Upstream) -> RequestKeys:
-        prompt = state.request.body.get("prompt")
+        prompt = state.key_body.get("prompt")
         if self.texts is None or not isinstance(prompt, str):
             return await self._asked(state, client)
-        salt = state.request.body.get("cache_salt")
+        salt = state.key_body.get("cache_salt")
         head = hashlib.blake2b(orjson.dumps([state.model, salt]), digest_size=_HEAD).digest()
         data = head + prompt.encode("utf-8", "surrogatepass")
         found = self.texts.find(data)
@@ -177,8 +177,8 @@ class RemoteTokens:
         return remote_tokens(
             client,
             self.path,
-            api=state.api,
-            body=state.request.body,
+            api=state.key_api,
+            body=state.key_body,
             model=state.model,
             timeout_s=self.timeout_s,
             messages=messages,

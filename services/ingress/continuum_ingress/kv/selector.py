@@ -187,7 +187,7 @@ class KvSelector:
             audit = self.audits.get(group.name)
             client = snapshot.clients.get(members[0].name)
             if audit is not None and client is not None and audit.due():
-                audit.start(client, api=state.api, body=state.request.body, model=state.model, expected=keys.chain)
+                audit.start(client, api=state.key_api, body=state.key_body, model=state.model, expected=keys.chain)
             return keys
         remote = self.remote.get(group.name)
         # the least busy member tokenizes (the call costs it a little CPU)

@@ -27,4 +27,14 @@ CLIENT_PATHS: dict[str, Api] = {
     "/v1/embeddings": Api.EMBEDDINGS,
     "/v1/responses": Api.RESPONSES,
     "/anthropic/v1/messages": Api.MESSAGES,
+    # Where vLLM, SGLang and most gateways serve Anthropic Messages: the Anthropic SDK pointed at
+    # the router's root (`base_url="http://HOST:PORT"`) works as well as at `/anthropic`.
+    "/v1/messages": Api.MESSAGES,
 }
+
+
+def path_error_style(path: str) -> ErrorStyle:
+    """The error shape for a request to `path` that matched no endpoint (404, 405)."""
+    if path.startswith(("/anthropic/", "/v1/messages")):
+        return ErrorStyle.ANTHROPIC
+    return ErrorStyle.OPENAI

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from continuum_common.hashing.responses_input import ResponsesInputError, responses_chat_body
 from continuum_ingress.errors import InvalidRequest
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.checks import (
@@ -52,6 +53,13 @@ class ParsedRequest:
     # The caller-named session for ConsistentHash: OpenAI `user`, Anthropic `metadata.user_id`
     # (the X-Session-ID header, read by the HTTP layer, takes precedence).
     user: str | None
+    # What the routing keys (prefix key, block hashes, text chunks, conversation start) are
+    # computed from: an API whose rules apply, and the body in that API's shape. The request
+    # itself, except for a Responses request, whose prompt is taken in chat form (the messages
+    # the engine templates), or, when it continues a stored response, left keyless: its own
+    # input is only the new turn, not the prompt the engine sees.
+    key_api: Api
+    key_body: dict[str, Any]
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -165,7 +173,7 @@ def validate_chat(body: dict[str, Any]) -> ParsedRequest:
     stream = opt_bool(body, "stream")
     check_fields(body, CHAT_CHECKS)
     user = opt_str(body, "user")
-    return ParsedRequest(Api.CHAT, body, model, stream, user)
+    return ParsedRequest(Api.CHAT, body, model, stream, user, Api.CHAT, body)
 
 
 def validate_completions(body: dict[str, Any]) -> ParsedRequest:
@@ -177,7 +185,7 @@ def validate_completions(body: dict[str, Any]) -> ParsedRequest:
     stream = opt_bool(body, "stream")
     check_fields(body, COMPLETIONS_CHECKS)
     user = opt_str(body, "user")
-    return ParsedRequest(Api.COMPLETIONS, body, model, stream, user)
+    return ParsedRequest(Api.COMPLETIONS, body, model, stream, user, Api.COMPLETIONS, body)
 
 
 def validate_embeddings(body: dict[str, Any]) -> ParsedRequest:
@@ -197,7 +205,7 @@ def validate_embeddings(body: dict[str, Any]) -> ParsedRequest:
     if body.get("stream") is not None:
         raise InvalidRequest("Embeddings do not stream.", param="stream", code="invalid_value")
     user = opt_str(body, "user")
-    return ParsedRequest(Api.EMBEDDINGS, body, model, False, user)
+    return ParsedRequest(Api.EMBEDDINGS, body, model, False, user, Api.EMBEDDINGS, body)
 
 
 def validate_responses(body: dict[str, Any]) -> ParsedRequest:
@@ -213,9 +221,15 @@ def validate_responses(body: dict[str, Any]) -> ParsedRequest:
     tools = opt_array(body, "tools")
     if tools:
         array_of_objects(tools, "tools")
-    opt_str(body, "previous_response_id")
+    previous = opt_str(body, "previous_response_id")
     user = opt_str(body, "user")
-    return ParsedRequest(Api.RESPONSES, body, model, stream, user)
+    try:
+        chat = responses_chat_body(body)
+    except ResponsesInputError as exc:
+        raise InvalidRequest(str(exc), param=exc.param) from None
+    if previous is not None:
+        return ParsedRequest(Api.RESPONSES, body, model, stream, user, Api.RESPONSES, body)
+    return ParsedRequest(Api.RESPONSES, body, model, stream, user, Api.CHAT, chat)
 
 
 def _anthropic_system(body: dict[str, Any]) -> None:
@@ -290,7 +304,7 @@ def validate_messages(body: dict[str, Any]) -> ParsedRequest:
     opt_object(body, "cache_control")
     metadata = opt_object(body, "metadata")
     user = opt_str(metadata, "user_id", "metadata.user_id") if metadata else None
-    return ParsedRequest(Api.MESSAGES, body, model, stream, user)
+    return ParsedRequest(Api.MESSAGES, body, model, stream, user, Api.MESSAGES, body)
 
 
 VALIDATORS: dict[Api, Callable[[dict[str, Any]], ParsedRequest]] = {
@@ -309,11 +323,11 @@ def parse_request(api: Api, raw: bytes) -> ParsedRequest:
 def conversation_start(request: ParsedRequest) -> bool:
     """A chat request with no earlier answer in it: the first turn of a conversation. Its
     backend is where the whole conversation will live, so the KV cost model places it for
-    balance rather than following a shared system prompt (docs/kv-scorer.md). Only OpenAI chat
-    and Anthropic messages carry turns; every other API says False."""
-    if request.api is not Api.CHAT and request.api is not Api.MESSAGES:
+    balance rather than following a shared system prompt (docs/kv-scorer.md). OpenAI chat,
+    Anthropic messages and Responses input items carry turns; every other API says False."""
+    if request.key_api is not Api.CHAT and request.key_api is not Api.MESSAGES:
         return False
-    messages = request.body.get("messages")
+    messages = request.key_body.get("messages")
     if not isinstance(messages, list) or not messages:
         return False
     return not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)

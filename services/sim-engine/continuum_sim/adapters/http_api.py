@@ -1,6 +1,6 @@
 """The engine's HTTP API (FastAPI): vLLM's OpenAI-compatible routes plus Anthropic `/v1/messages`.
 
-Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages, /tokenize,
+Routes: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/messages, /tokenize,
 /detokenize, /reset_prefix_cache; GET /v1/models, /health, /version, /metrics.
 Bad input gets vLLM's error object (`{"error": {message, type, param, code}}`) or, on
 /v1/messages, Anthropic's; the engine keeps serving. A client that disconnects mid-request
@@ -23,6 +23,7 @@ from continuum_sim.errors import Conflict, EngineBusy, InvalidRequest, RequestEr
 from continuum_sim.policy.request import RequestStatus
 from continuum_sim.protocol import embeddings as emb
 from continuum_sim.protocol import responses as r
+from continuum_sim.protocol import responses_api as ra
 from continuum_sim.protocol.requests import (
     GenerateParams,
     anthropic_messages,
@@ -178,6 +179,41 @@ class EngineApi:
             yield r.sse_data(r.usage_chunk(rid, params.model, created, "text_completion", self._usage(handle)))
         yield r.SSE_DONE
 
+    # -- OpenAI Responses ---------------------------------------------------------------
+
+    async def responses(self, request: Request) -> Response:
+        body = await read_json(request)
+        params = ra.responses_params(body, self.served)
+        text = self.codec.render_chat(ra.prompt_messages(body))
+        ids = self.codec.encode(text, add_special_tokens=False)
+        handle = self.engine.submit(ids, max_tokens=params.max_output_tokens, cache_salt=params.cache_salt, seed=None)
+        if params.stream:
+            return self._stream(self._response_events(handle, params), handle)
+        tokens = await self._finish(handle)
+        usage = ra.usage(handle.prompt_tokens, len(tokens), handle.cached_tokens)
+        message = ra.output_message(r.new_id("msg_"), self.codec.decode(tokens), "completed")
+        out = ra.response_object(
+            r.new_id("resp_"), params, r.now(), status="completed", output=[message], usage_body=usage,
+            finish_reason=handle.finish_reason,
+        )  # fmt: skip
+        return json_response(out)
+
+    async def _response_events(self, handle: RequestHandle, params: ra.ResponsesParams) -> AsyncIterator[bytes]:
+        events = ra.ResponseEvents(params)
+        started = False
+        async for ids in handle.chunks():
+            if not started:
+                for name, event in events.start():
+                    yield r.sse_event(name, event)
+                started = True
+            yield r.sse_event(*events.delta(self.codec.decode(ids)))
+        if not started:
+            yield r.sse_event("error", r.openai_error(EngineBusy("The engine's waiting queue is full; retry later.")))
+            return
+        usage = ra.usage(handle.prompt_tokens, len(handle.output_token_ids), handle.cached_tokens)
+        for name, event in events.finish(usage, handle.finish_reason):
+            yield r.sse_event(name, event)
+
     # -- Anthropic messages -------------------------------------------------------------
 
     async def messages(self, request: Request) -> Response:
@@ -293,6 +329,7 @@ def build_app(engine: SimEngine, served_models: list[str] | None = None) -> Fast
     post = {
         "/v1/chat/completions": _guard(api.chat),
         "/v1/completions": _guard(api.completions),
+        "/v1/responses": _guard(api.responses),
         "/v1/messages": _guard(api.messages, anthropic=True),
         "/v1/embeddings": _guard(api.embeddings),
         "/tokenize": _guard(api.tokenize),
