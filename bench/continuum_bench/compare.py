@@ -62,6 +62,7 @@ from continuum_bench.fleet.harness import (
     wait_until,
 )
 from continuum_bench.fleet.report import markdown_row
+from continuum_bench.fleet.responses_form import API_FORMS
 from continuum_bench.fleet.runner import WORKLOADS, FleetBenchOptions, engine_configs, report_and_print, run_fleet_bench
 from continuum_bench.fleet.tap import EngineTap
 from continuum_bench.fleet.tokens import TOKENIZER_CHOICES, train_hf_tokenizer
@@ -230,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--trace-duration", type=float, help="trace: replay only the first N trace seconds")
     w.add_argument("--trace-limit", type=int, help="trace: replay only the first N lines")
+    w.add_argument(
+        "--api", dest="api_form", choices=API_FORMS, default="native",
+        help="responses: send the chat workloads' requests (all but trace) to /v1/responses",
+    )  # fmt: skip
     return p
 
 
@@ -241,6 +246,7 @@ def options(args: argparse.Namespace, argv: Sequence[str]) -> FleetBenchOptions:
         output_tokens=args.output_tokens, conversations=args.conversations, system_prompts=args.system_prompts,
         duration=args.duration, trace=args.trace, trace_duration=args.trace_duration, trace_limit=args.trace_limit,
         out_dir=args.out_dir, in_process=args.in_process, plot=False, progress=sys.stderr.isatty(),
+        api_form=args.api_form,
         command="continuum-router bench compare " + shlex.join(argv),
     )  # fmt: skip
 

@@ -61,6 +61,22 @@ def test_bench_fleet_direct_round_robin(workload: str, tmp_path: Path) -> None:
     assert (tmp_path / "run.png").stat().st_size > 1000
 
 
+def test_bench_fleet_over_the_responses_api(tmp_path: Path) -> None:
+    """`--api responses`: the multi-turn conversations go to /v1/responses; the engines serve
+    the same prompts, so their prefix caches and the usage of the typed stream events agree."""
+    argv = [
+        "bench", "fleet", "--workload", "multi-turn", "--engines", "2", "--in-process", "--time-scale", "0.01",
+        "--num-gpu-blocks", "1100", "--out-dir", str(tmp_path), "--name", "run", "--no-progress", "--no-plot",
+        "--api", "responses", *TINY["multi-turn"],
+    ]  # fmt: skip
+    assert router_cli(argv) == 0
+    res = json.loads((tmp_path / "run.json").read_text())["results"]
+    assert res["errors"] == 0 and res["ok"] == res["requests"] == 12
+    assert res["hit_rate"] > 0.3 and abs(res["hit_rate"] - res["client_hit_rate"]) < 1e-9
+    assert 0.0 < res["hit_rate"] <= res["ideal_hit_rate_unbounded"] + 1e-9
+    assert res["ttft_s"]["p50"] is not None and res["ttft_s"]["p50"] > 0
+
+
 async def test_bench_against_a_router_url_on_an_attached_fleet(tmp_path: Path) -> None:
     """`--router URL` + `--fleet FILE`: the 'router' here is engine 0 itself, so all load lands
     there — the imbalance and per-engine figures must show it."""

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from continuum_bench.fleet.responses_form import API_FORMS
 from continuum_bench.fleet.runner import WORKLOADS, FleetBenchOptions, report_and_print, run_fleet_bench
 from continuum_bench.fleet.tokens import TOKENIZER_CHOICES, train_hf_tokenizer
 
@@ -104,6 +105,10 @@ def _workload_args(w: argparse._ArgumentGroup, d: FleetBenchOptions) -> None:
     w.add_argument("--trace-duration", type=float, help="replay only the first N trace seconds")
     w.add_argument("--trace-limit", type=int, help="replay only the first N trace lines")
     w.add_argument("--duration", type=float, help="conversations: seconds of conversation starts (600)")
+    w.add_argument(
+        "--api", dest="api_form", choices=API_FORMS, default=d.api_form,
+        help="responses: send the chat workloads' requests to /v1/responses (instructions + input items)",
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,8 @@ completion tokens. Modes: `direct` is the built-in round-robin baseline (request
 i mod N); `prefix-hash` sends each request to engine `prefix_key mod N` (the shared prefix key of
 `continuum_common.hashing`, no load bounds: a sanity baseline for what sticky routing can gain);
 `url` sends everything to a router under test: one OpenAI-compatible base URL, or several (the
-replicas of one router), taken in turn per request as a round-robin load balancer would.
+replicas of one router), taken in turn per request as a round-robin load balancer would. With
+`api_form="responses"` chat requests go to `/v1/responses` instead (fleet/responses_form.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import httpx
 import orjson
 
 from continuum_bench.fleet.ideal import IdealCache
+from continuum_bench.fleet.responses_form import event_text, event_usage, responses_body
 from continuum_bench.fleet.tokens import TokenCodec
 from continuum_bench.fleet.workloads import BenchRequest, Session, Workload
 from continuum_common.hashing import request_prefix_key
@@ -84,6 +86,7 @@ class Driver:
         codec: TokenCodec,
         request_timeout: float = 600.0,
         progress: Progress | None = None,
+        api_form: str = "native",
     ) -> None:
         self.targets = targets
         self.mode = mode
@@ -92,6 +95,7 @@ class Driver:
         self.ideals = ideals  # the first one's hit is recorded per request
         self.codec = codec
         self.request_timeout = request_timeout
+        self.api_form = api_form
         self.progress = progress or Progress(0, enabled=False)
         self.results: list[RequestResult] = []
         self._counter = 0
@@ -142,6 +146,10 @@ class Driver:
         base, engine, replica = self._target(request)
         path = "/chat/completions" if request.api == "chat" else "/completions"
         body = {"model": self.model, **request.body, "stream": True, "stream_options": {"include_usage": True}}
+        form: str = request.api
+        if self.api_form == "responses" and request.api == "chat":
+            path, form = "/responses", "responses"
+            body = {"model": self.model, **responses_body(request.body), "stream": True}
         ideal_hit = self._ideal_send(request.prompt_ids)
         sent = time.monotonic()
         self.progress.in_flight += 1
@@ -150,7 +158,7 @@ class Driver:
         usage: dict[str, Any] = {}
         try:
             async with asyncio.timeout(self.request_timeout):
-                text, ttft, usage = await self._stream(client, base + path, body, request.api, sent)
+                text, ttft, usage = await self._stream(client, base + path, body, form, sent)
         except (httpx.HTTPError, TimeoutError, ValueError, KeyError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
         end = time.monotonic()
@@ -199,10 +207,16 @@ class Driver:
                 chunk = orjson.loads(data)
                 if "error" in chunk:
                     raise ValueError(f"stream error: {str(chunk['error'])[:200]}")
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices") or ():
-                    piece = choice["delta"].get("content") if api == "chat" else choice.get("text")
+                if api == "responses":
+                    pieces = [event_text(chunk)]
+                    usage = event_usage(chunk) or usage
+                else:
+                    usage = chunk.get("usage") or usage
+                    pieces = [
+                        choice["delta"].get("content") if api == "chat" else choice.get("text")
+                        for choice in chunk.get("choices") or ()
+                    ]
+                for piece in pieces:
                     if piece:
                         if ttft is None:
                             ttft = time.monotonic() - sent

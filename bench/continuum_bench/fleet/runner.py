@@ -84,6 +84,8 @@ class FleetBenchOptions:
     write_backends: str | None = None
     wait_for_router: float = 30.0
     request_timeout: float = 600.0
+    # "responses": chat requests go to /v1/responses (fleet/responses_form.py)
+    api_form: str = "native"
     command: str = ""
 
     @property
@@ -258,7 +260,7 @@ async def run_fleet_bench(
         driver = Driver(
             targets, mode=mode, model=endpoints[0].model, time_scale=opts.time_scale,
             ideals=[ideal, unbounded], codec=codec, request_timeout=opts.request_timeout,
-            progress=Progress(workload.total_requests, enabled=opts.progress),
+            progress=Progress(workload.total_requests, enabled=opts.progress), api_form=opts.api_form,
         )  # fmt: skip
         sampler = RssSampler(pid)
         async with httpx.AsyncClient() as http:
