@@ -172,6 +172,34 @@ async def test_completions_and_anthropic_messages_are_cached(fleet: SimFleet, re
             assert engine_requests(fleet) == before + 1
 
 
+async def test_responses_api_answers_and_streams_are_cached(fleet: SimFleet) -> None:
+    model = fleet.endpoints[0].model
+    request: dict[str, Any] = {
+        "model": model, "instructions": SYSTEM, "input": "Which drill for concrete?", "max_output_tokens": 8,
+        "temperature": 0,
+    }  # fmt: skip
+    async with running_ingress(cache_config(fleet.router_backends(), backend="memory")) as ing, _openai(ing.url) as oc:
+        before = engine_requests(fleet)
+        first = await oc.responses.with_raw_response.create(**request)
+        await wait_entries(ing.url, 1)
+        again = await oc.responses.with_raw_response.create(**request)
+        assert (first.headers["x-cache"], again.headers["x-cache"]) == ("MISS", "HIT")
+        assert again.content == first.content and again.parse().output_text
+        streamed = []
+        for expected in ("MISS", "HIT"):
+            async with oc.responses.with_streaming_response.create(**request, stream=True) as response:
+                assert response.headers["x-cache"] == expected
+                streamed.append(b"".join([c async for c in response.iter_bytes()]))
+            await wait_entries(ing.url, 2)
+        assert streamed[0] == streamed[1] and b"event: response.incomplete" in streamed[0]  # cut at 8 tokens
+        events = [e async for e in await oc.responses.create(**request, stream=True)]  # the SDK reads a replay
+        assert events[-1].type == "response.incomplete" and events[-1].response.output_text
+        assert engine_requests(fleet) == before + 2
+        # A request that continues a stored response is keyed apart (the engine refuses it here).
+        with pytest.raises(openai.BadRequestError):
+            await oc.responses.create(**request, previous_response_id="resp_1")
+
+
 async def test_bypass_tenants_and_output_shaping_fields(fleet: SimFleet) -> None:
     model = fleet.endpoints[0].model
     async with running_ingress(cache_config(fleet.router_backends())) as ing, _openai(ing.url) as oc:

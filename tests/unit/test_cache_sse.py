@@ -101,6 +101,25 @@ def anthropic_stream(pieces: list[str], *, newline: bytes = b"\n") -> bytes:
     )
 
 
+def responses_stream(pieces: list[str], newline: bytes = b"\n", final: str = "response.completed") -> bytes:
+    """An OpenAI Responses stream: typed events, no [DONE]; `final` ends it."""
+    text = "".join(pieces)
+    events: list[tuple[str, dict[str, object]]] = [
+        ("response.created", {"response": {"id": "resp_1", "status": "in_progress"}}),
+        ("response.output_item.added", {"output_index": 0, "item": {"type": "message", "id": "msg_1"}}),
+    ]
+    events += [("response.output_text.delta", {"item_id": "msg_1", "delta": p}) for p in pieces]
+    events += [
+        ("response.output_text.done", {"item_id": "msg_1", "text": text}),
+        (final, {"response": {"id": "resp_1", "status": final.split(".")[1], "usage": {"input_tokens": 40}}}),
+    ]
+    return b"".join(
+        b"event: " + name.encode() + newline + b"data: " + orjson.dumps({"type": name, "sequence_number": i, **data})
+        + newline + newline
+        for i, (name, data) in enumerate(events)
+    )  # fmt: skip
+
+
 def random_chunks(data: bytes, rng: random.Random, max_len: int = 40) -> list[bytes]:
     out, i = [], 0
     while i < len(data):
@@ -124,7 +143,15 @@ CASES = [
     (SseDialect.OPENAI, openai_stream(PIECES, include_usage=False, newline=b"\r")),
     (SseDialect.ANTHROPIC, anthropic_stream(PIECES)),
     (SseDialect.ANTHROPIC, anthropic_stream(PIECES, newline=b"\r\n")),
+    (SseDialect.RESPONSES, responses_stream(PIECES)),
+    (SseDialect.RESPONSES, responses_stream(PIECES, newline=b"\r\n", final="response.incomplete")),
 ]
+
+TERMINAL = {
+    SseDialect.OPENAI: b"data: [DONE]",
+    SseDialect.ANTHROPIC: b"event: message_stop",
+    SseDialect.RESPONSES: b"event: response.",
+}
 
 
 @pytest.mark.parametrize(("dialect", "stream"), CASES)
@@ -164,7 +191,7 @@ def test_anthropic_events_keep_their_event_lines() -> None:
 
 @pytest.mark.parametrize(("dialect", "stream"), CASES)
 def test_interrupted_stream_is_not_stored(dialect: SseDialect, stream: bytes) -> None:
-    terminal = stream.rindex(b"data: [DONE]") if dialect is SseDialect.OPENAI else stream.rindex(b"event: message_stop")
+    terminal = stream.rindex(TERMINAL[dialect])
     for cut in (1, len(stream) // 2, terminal, terminal + 8):
         rec = record(dialect, [stream[:cut]])
         assert not rec.complete
@@ -205,6 +232,15 @@ def test_anthropic_error_event_is_not_stored() -> None:
     stream = anthropic_stream(["a"])
     cut = stream.index(b"event: content_block_stop")
     rec = record(SseDialect.ANTHROPIC, [stream[:cut] + error])
+    assert rec.failure == "error event" and rec.finish() is None
+
+
+@pytest.mark.parametrize("event", [b"error", b"response.failed"])
+def test_responses_error_or_failure_event_is_not_stored(event: bytes) -> None:
+    stream = responses_stream(["a"])
+    cut = stream.index(b"event: response.output_text.done")
+    failed = b"event: " + event + b'\ndata: {"type":"' + event + b'","sequence_number":9}\n\n'
+    rec = record(SseDialect.RESPONSES, [stream[:cut] + failed])
     assert rec.failure == "error event" and rec.finish() is None
 
 

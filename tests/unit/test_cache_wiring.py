@@ -61,4 +61,4 @@ async def test_reload_swaps_the_client_only_when_the_connection_changes(monkeypa
 
 
 def test_cached_routes() -> None:
-    assert set(ROUTES) == {Api.CHAT, Api.COMPLETIONS, Api.MESSAGES}
+    assert set(ROUTES) == {Api.CHAT, Api.COMPLETIONS, Api.MESSAGES, Api.RESPONSES}  # embeddings: never

@@ -32,6 +32,7 @@ ROUTES: dict[Api, Route] = {
     Api.CHAT: Route.CHAT,
     Api.COMPLETIONS: Route.COMPLETIONS,
     Api.MESSAGES: Route.ANTHROPIC,
+    Api.RESPONSES: Route.RESPONSES,
 }
 
 
@@ -71,7 +72,7 @@ class CacheHook:
 
     async def lookup(self, state: RequestState) -> CacheLookup:
         route = ROUTES.get(state.api)
-        if route is None:  # embeddings, responses: not cached, no X-Cache header
+        if route is None:  # embeddings: not cached, no X-Cache header
             return CACHE_OFF
         return await self.cache.lookup(CacheRequest(route, state.request.body, state.headers()))
 

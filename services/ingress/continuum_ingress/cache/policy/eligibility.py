@@ -24,12 +24,14 @@ class Route(StrEnum):
     CHAT = "chat"  # POST /v1/chat/completions
     COMPLETIONS = "completions"  # POST /v1/completions
     ANTHROPIC = "anthropic"  # POST /anthropic/v1/messages (and /v1/messages)
+    RESPONSES = "responses"  # POST /v1/responses
 
 
 STREAM_DIALECTS: Final[Mapping[str, SseDialect]] = {
     Route.CHAT: SseDialect.OPENAI,
     Route.COMPLETIONS: SseDialect.OPENAI,
     Route.ANTHROPIC: SseDialect.ANTHROPIC,
+    Route.RESPONSES: SseDialect.RESPONSES,
 }
 
 

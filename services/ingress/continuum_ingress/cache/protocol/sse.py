@@ -5,10 +5,11 @@ client: it never holds them back and never changes them (it only keeps a copy). 
 bytes into SSE events with continuum_common.sse (an event ends at a blank line; CRLF, LF and CR
 line ends are all legal per the SSE specification) and keeps each event's raw bytes. The recording is usable only if
 
-* the dialect's terminal event arrived: `data: [DONE]` (OpenAI) or `event: message_stop`
-  (Anthropic), and nothing but blank lines followed it;
-* no error event was seen: a `data:` JSON object with a top-level `error` key (OpenAI) or
-  `event: error` (Anthropic);
+* the dialect's terminal event arrived: `data: [DONE]` (OpenAI), `event: message_stop`
+  (Anthropic) or `event: response.completed` / `response.incomplete` (OpenAI Responses), and
+  nothing but blank lines followed it;
+* no error event was seen: a `data:` JSON object with a top-level `error` key (OpenAI),
+  `event: error` (Anthropic, Responses) or `event: response.failed` (Responses);
 * the whole stream fits `max_bytes` (the recorder drops its copy as soon as it does not);
 * the caller did not `abort()` it (client gone, upstream failure, timeout).
 
@@ -34,6 +35,18 @@ from continuum_ingress.cache.protocol.entry import CachedResponse, EntryKind, ke
 class SseDialect(StrEnum):
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
+    RESPONSES = "responses"
+
+
+# Named events that end a stream, and those that spoil it, for the dialects that name events.
+_TERMINAL: Final = {
+    SseDialect.ANTHROPIC: frozenset({"message_stop"}),
+    SseDialect.RESPONSES: frozenset({"response.completed", "response.incomplete"}),
+}
+_FAILED: Final = {
+    SseDialect.ANTHROPIC: frozenset({"error"}),
+    SseDialect.RESPONSES: frozenset({"error", "response.failed"}),
+}
 
 
 _ERROR_MARK: Final = '"error"'
@@ -121,9 +134,9 @@ class StreamRecorder:
                 self._terminal = True
             elif event.data is not None and _is_openai_error(event.data):
                 self._fail("error event")
-        elif event.event == "message_stop":
+        elif event.event in _TERMINAL[self.dialect]:
             self._terminal = True
-        elif event.event == "error":
+        elif event.event in _FAILED[self.dialect]:
             self._fail("error event")
 
     def finish(
