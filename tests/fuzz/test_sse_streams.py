@@ -190,6 +190,21 @@ class CacheEvent:
     error: bool = False
 
 
+# Per dialect that names its events: (ordinary events, events that spoil the stream), and the
+# events that end it.
+NAMED_EVENTS = {
+    SseDialect.ANTHROPIC: ([b"message_start", b"content_block_delta", b"ping"], [b"error"]),
+    SseDialect.RESPONSES: (
+        [b"response.created", b"response.output_text.delta", b"response.output_item.done"],
+        [b"error", b"response.failed"],
+    ),
+}
+TERMINALS = {
+    SseDialect.ANTHROPIC: [b"message_stop"],
+    SseDialect.RESPONSES: [b"response.completed", b"response.incomplete"],
+}
+
+
 @st.composite
 def cache_streams(draw: st.DrawFn, dialect: SseDialect) -> tuple[list[CacheEvent], bool]:
     """(events, whether the stream is complete and clean) for one dialect."""
@@ -203,11 +218,15 @@ def cache_streams(draw: st.DrawFn, dialect: SseDialect) -> tuple[list[CacheEvent
                 payload = {"error": {"message": "boom"}}
             events.append(CacheEvent((*comment, b"data: " + orjson.dumps(payload)), error=error))
         else:
-            name = draw(st.sampled_from([b"message_start", b"content_block_delta", b"ping", b"error"]))
-            events.append(CacheEvent((*comment, b"event: " + name, b'data: {"type": "x"}'), error=name == b"error"))
+            names, failures = NAMED_EVENTS[dialect]
+            name = draw(st.sampled_from([*names, *failures]))
+            events.append(CacheEvent((*comment, b"event: " + name, b'data: {"type": "x"}'), error=name in failures))
     terminal = draw(st.booleans())
     if terminal:
-        last = (b"data: [DONE]",) if dialect is SseDialect.OPENAI else (b"event: message_stop", b'data: {"type": "s"}')
+        if dialect is SseDialect.OPENAI:
+            last: tuple[bytes, ...] = (b"data: [DONE]",)
+        else:
+            last = (b"event: " + draw(st.sampled_from(TERMINALS[dialect])), b'data: {"type": "s"}')
         events.append(CacheEvent(last, terminal=True))
     clean = terminal and not any(e.error for e in events)
     return events, clean
