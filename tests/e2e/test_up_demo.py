@@ -58,6 +58,23 @@ async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Pat
                 model=models[0], messages=turn, max_tokens=8
             )
             second = second_raw.parse()
+            # The banner's Responses snippet, and the same two turns over the Responses API.
+            assert "client.responses.create(" in banner
+            opened_raw = await client.responses.with_raw_response.create(
+                model=models[0], instructions=system["content"], input="Good morning!", max_output_tokens=8
+            )
+            items = [
+                {"role": "user", "content": "Good morning!"},
+                {"role": "assistant", "content": [{"type": "output_text", "text": opened_raw.parse().output_text}]},
+                {"role": "user", "content": "And then?"},
+            ]
+            answer_raw = await client.responses.with_raw_response.create(
+                model=models[0],
+                instructions=system["content"],
+                input=items,
+                max_output_tokens=8,  # type: ignore[arg-type]
+            )
+            answer = answer_raw.parse()
         # What the README says: the next turn goes to the engine that answered the first (it
         # holds the conversation's history), and that engine's prefix cache serves it.
         engine = first_raw.headers["x-continuum-backend"]
@@ -65,6 +82,9 @@ async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Pat
         assert second_raw.headers["x-continuum-backend"] == engine
         assert second.usage is not None and second.usage.prompt_tokens_details is not None
         assert second.usage.prompt_tokens_details.cached_tokens > 0
+        assert answer.output_text
+        assert answer_raw.headers["x-continuum-backend"] == opened_raw.headers["x-continuum-backend"]
+        assert answer.usage is not None and answer.usage.input_tokens_details.cached_tokens > 0
         # The demo wrote its config and started the embedded NATS with JetStream in .continuum/.
         assert (tmp_path / ".continuum" / "demo-config.yaml").exists()
         assert (tmp_path / ".continuum" / "nats" / "jetstream").is_dir()

@@ -62,6 +62,9 @@ def banner(
             f'  reply = client.chat.completions.create(model="{model}", '
             'messages=[{"role": "user", "content": "Hello!"}])',
             "  print(reply.choices[0].message.content)",
+            "  # the Responses API, routed the same way (by the prompt the engine templates):",
+            f'  answer = client.responses.create(model="{model}", instructions="You are terse.", input="Hello!")',
+            "  print(answer.output_text)",
         ]
     if admin_token_file is not None:
         lines += [
