@@ -144,12 +144,13 @@ class Driver:
 
     async def _send(self, client: httpx.AsyncClient, request: BenchRequest) -> tuple[RequestResult, str]:
         base, engine, replica = self._target(request)
-        path = "/chat/completions" if request.api == "chat" else "/completions"
-        body = {"model": self.model, **request.body, "stream": True, "stream_options": {"include_usage": True}}
         form: str = request.api
         if self.api_form == "responses" and request.api == "chat":
             path, form = "/responses", "responses"
             body = {"model": self.model, **responses_body(request.body), "stream": True}
+        else:
+            path = "/chat/completions" if request.api == "chat" else "/completions"
+            body = {"model": self.model, **request.body, "stream": True, "stream_options": {"include_usage": True}}
         ideal_hit = self._ideal_send(request.prompt_ids)
         sent = time.monotonic()
         self.progress.in_flight += 1

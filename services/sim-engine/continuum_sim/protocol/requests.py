@@ -23,7 +23,7 @@ class GenerateParams:
     seed: int | None
 
 
-def _int_field(body: Mapping[str, Any], name: str, *, minimum: int) -> int | None:
+def int_field(body: Mapping[str, Any], name: str, *, minimum: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -34,7 +34,14 @@ def _int_field(body: Mapping[str, Any], name: str, *, minimum: int) -> int | Non
     return value
 
 
-def _bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
+def cache_salt_field(body: Mapping[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise InvalidRequest("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+    return salt
+
+
+def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
     value = body.get(name, default)
     if value is None:
         return default
@@ -57,17 +64,17 @@ def resolve_model(body: Mapping[str, Any], served: Sequence[str]) -> str:
 def generate_params(body: Mapping[str, Any], served: Sequence[str], *, anthropic: bool = False) -> GenerateParams:
     model = resolve_model(body, served)
     if anthropic:
-        max_tokens = _int_field(body, "max_tokens", minimum=1)
+        max_tokens = int_field(body, "max_tokens", minimum=1)
         if max_tokens is None:
             raise InvalidRequest("max_tokens: Field required", param="max_tokens")
     else:
-        max_tokens = _int_field(body, "max_completion_tokens", minimum=1)
+        max_tokens = int_field(body, "max_completion_tokens", minimum=1)
         if max_tokens is None:
-            max_tokens = _int_field(body, "max_tokens", minimum=1)
-    n = _int_field(body, "n", minimum=1)
+            max_tokens = int_field(body, "max_tokens", minimum=1)
+    n = int_field(body, "n", minimum=1)
     if n not in (None, 1):
         raise InvalidRequest("The simulator supports n=1 only.", param="n")
-    stream = _bool_field(body, "stream", False)
+    stream = bool_field(body, "stream", False)
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
@@ -75,10 +82,8 @@ def generate_params(body: Mapping[str, Any], served: Sequence[str], *, anthropic
             raise InvalidRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
         if not isinstance(options, Mapping):
             raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-        include_usage = _bool_field(options, "include_usage", False)
-    salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        raise InvalidRequest("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+        include_usage = bool_field(options, "include_usage", False)
+    salt = cache_salt_field(body)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise InvalidRequest("'seed' must be an integer", param="seed")
@@ -120,18 +125,18 @@ class TokenizeRequest:
 
 def tokenize_request(body: Mapping[str, Any]) -> TokenizeRequest:
     """vLLM's completion form `{prompt}` or chat form `{messages}` (spec §1.9)."""
-    strs = _bool_field(body, "return_token_strs", False)
+    strs = bool_field(body, "return_token_strs", False)
     if "messages" in body:
-        gen = _bool_field(body, "add_generation_prompt", True)
-        cont = _bool_field(body, "continue_final_message", False)
+        gen = bool_field(body, "add_generation_prompt", True)
+        cont = bool_field(body, "continue_final_message", False)
         if gen and cont:
             raise InvalidRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-        special = _bool_field(body, "add_special_tokens", False)
+        special = bool_field(body, "add_special_tokens", False)
         return TokenizeRequest(None, chat_messages(body), gen, cont, strs, special)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise InvalidRequest("'prompt' (string) or 'messages' (array) is required", param="prompt")
-    special = _bool_field(body, "add_special_tokens", True)
+    special = bool_field(body, "add_special_tokens", True)
     return TokenizeRequest(prompt, None, False, False, strs, special)
 
 
@@ -178,7 +183,7 @@ def embedding_request(body: Mapping[str, Any], served: Sequence[str], max_dim: i
     fmt = body.get("encoding_format", "float") or "float"
     if fmt not in ("float", "base64"):
         raise InvalidRequest("'encoding_format' must be 'float' or 'base64'", param="encoding_format")
-    dims = _int_field(body, "dimensions", minimum=1)
+    dims = int_field(body, "dimensions", minimum=1)
     if dims is not None and dims > max_dim:
         raise InvalidRequest(f"'dimensions' must be at most {max_dim}", param="dimensions")
     return EmbeddingRequest(model, inputs, fmt, dims)

@@ -16,7 +16,7 @@ from typing import Any
 from continuum_common.hashing.responses_input import ResponsesInputError, responses_messages
 from continuum_sim.errors import InvalidRequest
 from continuum_sim.protocol.chat_template import ChatMessage, parse_messages
-from continuum_sim.protocol.requests import resolve_model
+from continuum_sim.protocol.requests import bool_field, cache_salt_field, int_field, resolve_model
 from continuum_sim.protocol.responses import new_id, now
 
 
@@ -37,15 +37,9 @@ def responses_params(body: Mapping[str, Any], served: Sequence[str]) -> Response
             "instead of 'previous_response_id'.",
             param="previous_response_id",
         )
-    limit = body.get("max_output_tokens")
-    if limit is not None and (type(limit) is not int or limit < 1):
-        raise InvalidRequest("'max_output_tokens' must be a positive integer", param="max_output_tokens")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be a boolean", param="stream")
-    salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        raise InvalidRequest("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+    limit = int_field(body, "max_output_tokens", minimum=1)
+    stream = bool_field(body, "stream", False)
+    salt = cache_salt_field(body)
     echo = {
         "instructions": body.get("instructions"),
         "max_output_tokens": limit,
