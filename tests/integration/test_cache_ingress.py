@@ -195,8 +195,8 @@ async def test_responses_api_answers_and_streams_are_cached(fleet: SimFleet) -> 
         events = [e async for e in await oc.responses.create(**request, stream=True)]  # the SDK reads a replay
         assert events[-1].type == "response.incomplete" and events[-1].response.output_text
         assert engine_requests(fleet) == before + 2
-        # A request that continues a stored response is keyed apart (the engine refuses it here).
-        with pytest.raises(openai.BadRequestError):
+        # A request that continues a stored response is keyed apart (the engine does not know that id).
+        with pytest.raises(openai.NotFoundError):
             await oc.responses.create(**request, previous_response_id="resp_1")
 
 

@@ -1,5 +1,6 @@
 """The simulated engine's OpenAI Responses API over loopback HTTP, driven by the official openai
-SDK (non-stream and typed stream events) and by raw requests for the errors."""
+SDK (non-stream and typed stream events, conversations continued with `previous_response_id`)
+and by raw requests for the errors."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from continuum_common.hashing.responses_input import responses_messages
-from continuum_sim import SimFleet
+from continuum_sim import EngineConfig, SimFleet
 
 MODEL = "continuum-sim-8b"
 HANDBOOK = "You answer questions about the attached handbook. " * 40
@@ -112,7 +113,9 @@ async def test_a_streamed_response_sends_the_typed_events_in_order(oai: openai.A
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "hi", "previous_response_id": 7}, "previous_response_id"),
+        # Malformed is malformed on every engine: 400 before looking the id up.
+        ({"input": [{"role": "robot", "content": "hi"}], "previous_response_id": "resp_1"}, "input[0].role"),
         ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
         ({"input": [{"role": "user", "content": [{"type": "input_text", "text": 3}]}]}, "input[0].content[0].text"),
         ({"input": ["hi"]}, "input[0]"),
@@ -130,3 +133,114 @@ async def test_bad_responses_requests_get_error_bodies(
     # The engine keeps serving.
     ok = await http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2})
     assert ok.status_code == 200 and ok.json()["status"] == "incomplete"
+
+
+QUESTIONS = ("What is chapter one about?", "And chapter two?", "Which one is longer?")
+
+
+async def test_previous_response_id_continues_the_stored_conversation(oai: openai.AsyncOpenAI) -> None:
+    previous_id: str | None = None  # sent as null on the first turn: no earlier response
+    seen: list[tuple[int, int]] = []  # (input_tokens, cached_tokens) per turn
+    for question in QUESTIONS:
+        # The instructions once, on the first turn: the engine keeps them in the stored
+        # conversation (sent again, they would go before the history and break its prefix).
+        answer = await oai.responses.create(
+            model=MODEL,
+            instructions=HANDBOOK if previous_id is None else None,
+            input=question,
+            max_output_tokens=12,
+            previous_response_id=previous_id,
+        )
+        assert answer.status == "incomplete" and answer.output_text
+        assert answer.previous_response_id == previous_id
+        assert answer.usage is not None
+        seen.append((answer.usage.input_tokens, answer.usage.input_tokens_details.cached_tokens))
+        previous_id = answer.id
+    # Each turn's prompt holds the earlier turns, and this engine has their blocks cached.
+    assert seen[0][0] < seen[1][0] < seen[2][0]
+    assert all(cached > 0 for _, cached in seen[1:])
+    assert seen[2][1] >= seen[1][0] - 16  # all the second turn's full blocks
+
+
+async def test_a_streamed_response_is_stored_under_the_id_of_response_created(oai: openai.AsyncOpenAI) -> None:
+    previous_id: str | None = None
+    seen: list[tuple[int, int]] = []
+    for question in QUESTIONS:
+        stream = await oai.responses.create(
+            model=MODEL,
+            instructions=HANDBOOK if previous_id is None else None,
+            input=question,
+            max_output_tokens=10,
+            stream=True,
+            previous_response_id=previous_id,
+        )
+        events = [event async for event in stream]
+        created, final = events[0], events[-1]
+        assert created.type == "response.created" and final.type == "response.incomplete"
+        assert final.response.id == created.response.id and final.response.previous_response_id == previous_id
+        usage = final.response.usage
+        assert usage is not None
+        seen.append((usage.input_tokens, usage.input_tokens_details.cached_tokens))
+        previous_id = created.response.id
+    assert seen[0][0] < seen[1][0] < seen[2][0]
+    assert all(cached > 0 for _, cached in seen[1:])
+
+
+async def test_a_continued_prompt_is_the_stored_conversation_under_the_new_instructions(
+    oai: openai.AsyncOpenAI, http: httpx.AsyncClient
+) -> None:
+    """As vLLM builds it: the new instructions, then the stored conversation (the earlier
+    request's instructions included), then the new input."""
+    first = await oai.responses.create(model=MODEL, instructions=HANDBOOK, input="Name a colour.", max_output_tokens=6)
+    second = await oai.responses.create(
+        model=MODEL, instructions="Be brief.", input="Another one?", max_output_tokens=6, previous_response_id=first.id
+    )
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "system", "content": HANDBOOK},
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "Another one?"},
+    ]
+    tokenized = await http.post("/tokenize", json={"model": MODEL, "messages": messages})
+    assert second.usage is not None and second.usage.input_tokens == tokenized.json()["count"]
+
+
+async def test_an_unknown_previous_response_id_is_not_found(oai: openai.AsyncOpenAI, http: httpx.AsyncClient) -> None:
+    with pytest.raises(openai.NotFoundError) as raised:
+        await oai.responses.create(model=MODEL, input="hi", previous_response_id="resp_never_stored")
+    assert "resp_never_stored" in str(raised.value)
+    reply = await http.post(
+        "/v1/responses", json={"model": MODEL, "input": "hi", "previous_response_id": "resp_never_stored"}
+    )
+    assert reply.status_code == 404
+    assert reply.json() == {
+        "error": {
+            "message": "Response with id 'resp_never_stored' not found.",
+            "type": "invalid_request_error",
+            "param": "previous_response_id",
+            "code": "response_not_found",
+        }
+    }
+
+
+async def test_a_response_sent_with_store_false_cannot_be_continued(oai: openai.AsyncOpenAI) -> None:
+    for stream in (False, True):
+        if stream:
+            events = [e async for e in await oai.responses.create(model=MODEL, input="hi", store=False, stream=True)]
+            assert events[0].type == "response.created"
+            rid = events[0].response.id
+        else:
+            rid = (await oai.responses.create(model=MODEL, input="hi", store=False, max_output_tokens=4)).id
+        with pytest.raises(openai.NotFoundError, match=rid):
+            await oai.responses.create(model=MODEL, input="and?", previous_response_id=rid)
+
+
+async def test_an_engine_with_the_store_off_knows_no_response() -> None:
+    config = EngineConfig(responses_store=0)
+    async with SimFleet(1, config=config, time_scale=0.001) as fleet:
+        base = fleet.endpoints[0].openai_base_url
+        async with openai.AsyncOpenAI(api_key="sk-test", base_url=base, max_retries=0) as client:
+            first = await client.responses.create(model=MODEL, input="hi", max_output_tokens=4)
+            with pytest.raises(openai.NotFoundError, match=first.id):
+                await client.responses.create(model=MODEL, input="and?", previous_response_id=first.id)

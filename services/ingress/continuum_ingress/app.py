@@ -68,6 +68,7 @@ from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import CLIENT_PATHS, path_error_style
 from continuum_ingress.protocol.dialects import UpstreamDialect, default_dialects
 from continuum_ingress.protocol.errors import error_body
+from continuum_ingress.response_affinity import ResponseAffinity
 from continuum_ingress.rewriters import AnthropicCacheControl, SaltEcho
 from continuum_ingress.snapshot import SnapshotFactory
 from continuum_ingress.transport import TransportFactory
@@ -148,12 +149,16 @@ class IngressApp:
         for component in self.components:
             self.holder.on_config.append(component.reload)
         self.reload_interval = reload_interval
+        # Stored Responses conversations stay with the backend that stored them.
+        self.affinity = ResponseAffinity(initial.response_affinity, self.metrics.registry, clock)
+        self.holder.on_config.append(self.affinity.reload)
         self.pipeline = SelectionPipeline(
-            self.pool, self.metrics, response_cache=self.response_cache, scorer=scorer, clock=clock
-        )
+            self.pool, self.metrics, response_cache=self.response_cache, scorer=scorer, clock=clock,
+            affinity=self.affinity,
+        )  # fmt: skip
         self.forwarder = Forwarder(
             self.pipeline, self.metrics, self.dialects, [*self._builtin_rewriters(), *self.gemini.rewriters, *rewriters],
-            clock,
+            clock, affinity=self.affinity,
         )  # fmt: skip
         self.health = HealthChecker(self.holder, self.pool, clock, tick=health_tick)
         self.ready = False

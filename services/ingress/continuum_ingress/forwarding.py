@@ -38,6 +38,7 @@ from continuum_ingress.hooks import BodyRewriter, RejectionHandler, ResponseReco
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.pool import BackendState
+from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.dialects import (
     AttemptDialect,
     DialectAttempt,
@@ -45,7 +46,9 @@ from continuum_ingress.protocol.dialects import (
     UpstreamDialect,
 )
 from continuum_ingress.protocol.errors import stream_error_event
+from continuum_ingress.protocol.response_ids import not_found_here
 from continuum_ingress.request_trace import end_upstream
+from continuum_ingress.response_affinity import ResponseAffinity
 from continuum_ingress.snapshot import RouterSnapshot
 from continuum_ingress.state import RequestState
 from continuum_ingress.transport import (
@@ -101,8 +104,11 @@ class Forwarder:
         dialects: Mapping[str, UpstreamDialect],
         rewriters: Sequence[BodyRewriter] = (),
         clock: Callable[[], float] = time.monotonic,
+        *,
+        affinity: ResponseAffinity | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.affinity = affinity
         self.metrics = metrics
         self.dialects = dialects
         self.rewriters = tuple(rewriters)
@@ -116,7 +122,8 @@ class Forwarder:
     ) -> None:
         """Serve the request from a backend; raises RequestError only before the response began."""
         last: RequestError | None = None
-        for _ in range(MAX_ATTEMPTS):
+        allowed = MAX_ATTEMPTS
+        while len(state.attempts) < allowed:
             try:
                 backend = await self._choose(state, snapshot)
             except NoBackend:
@@ -124,12 +131,14 @@ class Forwarder:
                     raise last from None
                 raise
             state.attempts.append(backend.name)
+            if state.probe_response is not None:  # set by the first choice: ask more backends
+                allowed = max(MAX_ATTEMPTS, snapshot.config.response_affinity.max_probes)
             try:
                 await self._attempt(state, snapshot, backend, channel, lookup)
                 return
             except _Retryable as exc:
                 last = exc.error
-                if len(state.attempts) < MAX_ATTEMPTS:
+                if len(state.attempts) < allowed:
                     self.metrics.retry(exc.reason)
                     log.info("retrying on another backend: %s (request %s)", exc.error.message, state.request_id)
         assert last is not None
@@ -184,7 +193,9 @@ class Forwarder:
             status = response.status
             try:
                 preread: bytes | None = None
-                if self.rejection_handlers and 400 <= response.status < 500:
+                if state.probe_response is not None and status == 404:
+                    preread = await self._probe(state, backend, response)
+                if self.rejection_handlers and preread is None and 400 <= response.status < 500:
                     # may resend: the response to serve (and close) is then the new one
                     response, preread = await self._reconsider(
                         state, spec, backend, response, dialect=dialect, client=client, target=target, headers=headers
@@ -234,6 +245,12 @@ class Forwarder:
             await self._server_error(response, backend)
         backend.record_success(self.clock() - start)
         translator = dialect.translator(state.api, state.stream)
+        # A backend that speaks the Responses API itself (no translator) made the response id.
+        if self.affinity is not None and state.api is Api.RESPONSES and response.status < 300 and translator is None:
+            if first is not None:
+                self.affinity.learn_stream(backend.name, first.first)
+            elif preread is not None:
+                self.affinity.learn_body(backend.name, preread)
         recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status is CacheStatus.MISS else None
         if first is not None:
             response.read_timeout = min(response.read_timeout, spec.stream_idle_timeout_ms / 1000)
@@ -375,6 +392,25 @@ class Forwarder:
             "connect_error",
         )
 
+    async def _probe(self, state: RequestState, backend: BackendState, response: UpstreamResponse) -> bytes:
+        """A 404 to a request continuing a response no backend is known to hold: when it names
+        that response, this backend does not have it, and the next candidate is asked (the
+        client gets a 404 only when none has it). Any other 404 is the answer: its body, read."""
+        data = await self._read(response, backend)
+        previous = state.probe_response
+        assert previous is not None and self.affinity is not None
+        if not not_found_here(response.status, data, previous):
+            return data
+        self.affinity.count("probed")
+        error = RequestError(
+            404,
+            f"Response with id '{previous}' was not found on any backend asked.",
+            kind="not_found",
+            param="previous_response_id",
+            code="response_not_found",
+        )
+        raise _Retryable(error, "response_not_found")
+
     async def _server_error(self, response: UpstreamResponse, backend: BackendState) -> None:
         """A 5xx before any byte reached the client: drop its body, count it, retry."""
         await self._drop(response)
@@ -430,6 +466,13 @@ class Forwarder:
     ) -> None:
         if data is None:
             data = await self._read(response, backend)
+            if (
+                self.affinity is not None
+                and state.api is Api.RESPONSES
+                and response.status < 300
+                and translator is None
+            ):
+                self.affinity.learn_body(backend.name, data)
         if translator is not None:
             data = translator.body(data)
         status = response.status
@@ -502,6 +545,10 @@ class _FirstChunk:
     def __init__(self, first: bytes | None, rest: AsyncIterator[bytes]) -> None:
         self._first = first
         self._rest = rest
+
+    @property
+    def first(self) -> bytes | None:
+        return self._first
 
     @classmethod
     async def read(cls, response: UpstreamResponse) -> _FirstChunk:

@@ -39,7 +39,14 @@ BACKEND_OUTCOMES = (
     "cancelled",
 )
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx")
-RETRY_REASONS = ("connect_error", "server_error", "first_byte_timeout", "backend_down", "stream_error")
+RETRY_REASONS = (
+    "connect_error",
+    "server_error",
+    "first_byte_timeout",
+    "backend_down",
+    "stream_error",
+    "response_not_found",
+)
 
 
 class PoolCollector(Collector):

@@ -27,6 +27,7 @@ from continuum_ingress.policy.strategies import SelectionInput
 from continuum_ingress.pool import BackendPool, BackendState
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.requests import prompt_token_ids
+from continuum_ingress.response_affinity import ResponseAffinity
 from continuum_ingress.snapshot import RouterSnapshot
 from continuum_ingress.state import RequestState
 
@@ -48,6 +49,7 @@ class SelectionPipeline:
         scorer: BackendScorer | RequestScorer | None = None,
         clock: Callable[[], float] = time.monotonic,
         scorer_timeout: float = SCORER_PREPARE_TIMEOUT_S,
+        affinity: ResponseAffinity | None = None,
     ) -> None:
         self.pool = pool
         self.metrics = metrics
@@ -58,6 +60,7 @@ class SelectionPipeline:
         self.observer = self.scorer if isinstance(self.scorer, DecisionObserver) else None
         self.clock = clock
         self.scorer_timeout = scorer_timeout
+        self.affinity = affinity
         self._scorer_error_logged = float("-inf")
 
     async def lookup_cache(self, state: RequestState) -> CacheLookup:
@@ -95,6 +98,13 @@ class SelectionPipeline:
         candidates = self.candidates(state, snapshot, exclude)
         if not candidates:
             raise NoBackend(f"No healthy backend is available for model '{state.model}'.")
+        if self.affinity is not None and state.api is Api.RESPONSES:
+            # A stored response lives in one engine: its owner comes before any scoring.
+            owner = self.affinity.route(state, snapshot.config.response_affinity, candidates)
+            if owner is not None:
+                state.backend = owner.name
+                state.route_label = None
+                return owner
         keyed = state.prefix_key is not None or prompt_token_ids(state.request) is not None
         if self.selector is not None and keyed:
             picked = await self._selected(state, snapshot, candidates)

@@ -37,6 +37,9 @@ class RequestState:
     # the backend's queue from the attempt's start until its first byte).
     prefill_tokens: int = 0
     attempts: list[str] = field(default_factory=list)
+    # The stored response (`previous_response_id`) this request continues, when no backend is
+    # known to hold it: a backend answering 404 for it is passed over (response_affinity.py).
+    probe_response: str | None = None
     # Tier 2: the response cache's headers for the client (X-Cache: HIT | MISS | BYPASS and
     # the cache's own, e.g. X-Cache-Mode); empty when no cache ran.
     cache_headers: Sequence[tuple[str, str]] = ()

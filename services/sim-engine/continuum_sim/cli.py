@@ -60,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--max-waiting", type=int, default=d.max_waiting)
     eng.add_argument("--no-prefix-caching", action="store_true")
     eng.add_argument(
+        "--responses-store",
+        type=int,
+        default=d.responses_store,
+        metavar="N",
+        help="keep up to N finished /v1/responses answers per engine (least recently used forgotten first) "
+        "so a request can continue one with previous_response_id; an id not kept gets 404 "
+        f"(default {d.responses_store}; 0 = store nothing)",
+    )
+    eng.add_argument(
         "--tokenizer",
         metavar="TOKENIZER_JSON",
         help="tokenize with this Hugging Face tokenizer.json instead of the built-in tokenizer",
@@ -117,6 +126,7 @@ def configs_from_args(args: argparse.Namespace) -> list[EngineConfig]:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
+        responses_store=args.responses_store,
         python_hash_seed=args.python_hash_seed,
         tokenizer=args.tokenizer,
         chat_template=args.chat_template,

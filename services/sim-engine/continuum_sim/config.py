@@ -66,6 +66,8 @@ class EngineConfig:
     python_hash_seed: str = "0"  # vLLM's NONE_HASH comes from PYTHONHASHSEED
     default_max_tokens: tuple[int, int] = (16, 128)  # output length range when max_tokens is unset
     embedding_dim: int = 384
+    # Responses kept for `previous_response_id` (least recently used forgotten first); 0 = none.
+    responses_store: int = 10_000
     # A Hugging Face tokenizer.json to tokenize with instead of the built-in tokenizer, and its
     # chat template (a template file or a tokenizer_config.json; default: a tokenizer_config.json
     # beside tokenizer.json when it has one, else the built-in ChatML text).
@@ -90,6 +92,8 @@ class EngineConfig:
         low, high = self.default_max_tokens
         if not 1 <= low <= high:
             raise SimConfigError("default_max_tokens must be (low, high) with 1 <= low <= high")
+        if self.responses_store < 0:
+            raise SimConfigError("responses_store must be >= 0 (0 turns the response store off)")
         if self.chat_template is not None and self.tokenizer is None:
             raise SimConfigError("chat_template needs a tokenizer (the built-in tokenizer has its own ChatML)")
 

@@ -18,6 +18,7 @@ class RequestError(SimError):
 
     status = 400
     error_type = "BadRequestError"
+    error_code: str | None = None  # the OpenAI body's `code`; None: the status, as vLLM sends it
     anthropic_type = "invalid_request_error"
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
@@ -34,6 +35,20 @@ class ModelNotFound(RequestError):
     status = 404
     error_type = "NotFoundError"
     anthropic_type = "not_found_error"
+
+
+class ResponseNotFound(RequestError):
+    """`previous_response_id` names a response this engine does not hold (never stored here,
+    forgotten, or the store is off): 404 with OpenAI's error, the id in the message, so a router
+    can tell "not on this engine" apart from a bad request."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    error_code = "response_not_found"
+    anthropic_type = "not_found_error"
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"Response with id '{response_id}' not found.", param="previous_response_id")
 
 
 class UnsupportedMediaType(RequestError):

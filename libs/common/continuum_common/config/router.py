@@ -37,6 +37,20 @@ class PrefixRouting(Section):
     anthropic_cache_control_injection: bool = False
 
 
+class ResponseAffinity(Section):
+    """OpenAI Responses requests that continue a stored response (`previous_response_id`) go to
+    the backend that produced it: engines such as vLLM keep their stored responses in their own
+    process, so any other backend answers 404 (and holds none of the conversation's KV cache)."""
+
+    enabled: bool = True
+    max_entries: int = Field(100_000, ge=1, le=10_000_000)
+    ttl: Duration = 86_400.0
+    # An id this process never saw (another replica or worker answered it, or it was
+    # forgotten): try the candidates in turn while they answer 404 for it.
+    probe: bool = True
+    max_probes: int = Field(8, ge=1, le=64)
+
+
 class TlsFiles(Section):
     """Client-side TLS: `ca_file` verifies the server (None: the system's trust store);
     `cert_file` + `key_file` are this client's certificate for servers that require one."""
@@ -303,6 +317,7 @@ class Server(Section):
 class RouterConfig(Section):
     server: Server = Server()
     prefix_routing: PrefixRouting = PrefixRouting()
+    response_affinity: ResponseAffinity = ResponseAffinity()
     response_cache: ResponseCacheConfig = ResponseCacheConfig()
     kv_cache_index: KvCacheIndex = KvCacheIndex()
     gemini_context_cache: GeminiContextCacheConfig = GeminiContextCacheConfig()

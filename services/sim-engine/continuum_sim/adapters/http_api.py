@@ -4,7 +4,8 @@ Routes: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embedding
 /detokenize, /reset_prefix_cache; GET /v1/models, /health, /version, /metrics.
 Bad input gets vLLM's error object (`{"error": {message, type, param, code}}`) or, on
 /v1/messages, Anthropic's; the engine keeps serving. A client that disconnects mid-request
-aborts it, which frees its KV blocks.
+aborts it, which frees its KV blocks. /v1/responses keeps finished responses in a bounded
+per-engine store (`EngineConfig.responses_store`) for later requests' `previous_response_id`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from continuum_sim.protocol.requests import (
     resolve_model,
     tokenize_request,
 )
+from continuum_sim.protocol.response_store import ResponseStore
 
 log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
@@ -69,10 +71,11 @@ def _guard(handler: Handler, *, anthropic: bool = False) -> Handler:
 
 
 class EngineApi:
-    def __init__(self, engine: SimEngine, served_models: list[str]) -> None:
+    def __init__(self, engine: SimEngine, served_models: list[str], responses_store: ResponseStore) -> None:
         self.engine = engine
         self.codec = engine.codec
         self.served = served_models
+        self.responses_store = responses_store
         self.created = r.now()
 
     # -- helpers ------------------------------------------------------------------------
@@ -184,21 +187,25 @@ class EngineApi:
     async def responses(self, request: Request) -> Response:
         body = await read_json(request)
         params = ra.responses_params(body, self.served)
-        text = self.codec.render_chat(ra.prompt_messages(body))
-        ids = self.codec.encode(text, add_special_tokens=False)
+        prompt = ra.prompt_messages(body, params, self.responses_store)
+        ids = self.codec.encode(self.codec.render_chat(prompt.messages), add_special_tokens=False)
         handle = self.engine.submit(ids, max_tokens=params.max_output_tokens, cache_salt=params.cache_salt, seed=None)
         if params.stream:
-            return self._stream(self._response_events(handle, params), handle)
+            return self._stream(self._response_events(handle, params, prompt), handle)
         tokens = await self._finish(handle)
+        text, rid = self.codec.decode(tokens), r.new_id("resp_")
         usage = ra.usage(handle.prompt_tokens, len(tokens), handle.cached_tokens)
-        message = ra.output_message(r.new_id("msg_"), self.codec.decode(tokens), "completed")
+        message = ra.output_message(r.new_id("msg_"), text, "completed")
         out = ra.response_object(
-            r.new_id("resp_"), params, r.now(), status="completed", output=[message], usage_body=usage,
+            rid, params, r.now(), status="completed", output=[message], usage_body=usage,
             finish_reason=handle.finish_reason,
         )  # fmt: skip
+        ra.store_response(self.responses_store, params, rid, prompt, text)
         return json_response(out)
 
-    async def _response_events(self, handle: RequestHandle, params: ra.ResponsesParams) -> AsyncIterator[bytes]:
+    async def _response_events(
+        self, handle: RequestHandle, params: ra.ResponsesParams, prompt: ra.ResponsesPrompt
+    ) -> AsyncIterator[bytes]:
         events = ra.ResponseEvents(params)
         started = False
         async for ids in handle.chunks():
@@ -211,6 +218,9 @@ class EngineApi:
             yield r.sse_event("error", r.openai_error(EngineBusy("The engine's waiting queue is full; retry later.")))
             return
         usage = ra.usage(handle.prompt_tokens, len(handle.output_token_ids), handle.cached_tokens)
+        # Stored before the final event goes out: a client may send the next turn as soon as it
+        # reads `response.completed`, before this generator runs again.
+        ra.store_response(self.responses_store, params, events.rid, prompt, events.answer)
         for name, event in events.finish(usage, handle.finish_reason):
             yield r.sse_event(name, event)
 
@@ -324,7 +334,8 @@ class EngineApi:
 
 
 def build_app(engine: SimEngine, served_models: list[str] | None = None) -> FastAPI:
-    api = EngineApi(engine, served_models or [engine.config.model])
+    store = ResponseStore(engine.config.responses_store)  # one per engine, as each vLLM has its own
+    api = EngineApi(engine, served_models or [engine.config.model], store)
     app = FastAPI(title=f"continuum-sim {engine.config.name}", docs_url=None, redoc_url=None, openapi_url=None)
     post = {
         "/v1/chat/completions": _guard(api.chat),

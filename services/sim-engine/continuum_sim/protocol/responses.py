@@ -22,7 +22,8 @@ def now() -> int:
 
 def openai_error(exc: RequestError) -> dict[str, Any]:
     """vLLM's error object since #22099: `{"error": {message, type, param, code}}`."""
-    return {"error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": exc.status}}
+    code = exc.status if exc.error_code is None else exc.error_code
+    return {"error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": code}}
 
 
 def anthropic_error(exc: RequestError) -> dict[str, Any]:

@@ -1,10 +1,14 @@
-"""OpenAI Responses API (`POST /v1/responses`) as vLLM serves it without a response store:
-the request's prompt (continuum_common.hashing.responses_input: `instructions` and `input` as
-chat messages), the response object and the typed stream events (provider-apis.md §3.4).
+"""OpenAI Responses API (`POST /v1/responses`) as vLLM serves it with its response store on
+(`VLLM_ENABLE_RESPONSES_API_STORE=1`): the request's prompt
+(continuum_common.hashing.responses_input: `instructions` and `input` as chat messages), the
+response object and the typed stream events (provider-apis.md §3.4).
 
-vLLM keeps earlier responses only when its store is enabled (off by default); the simulator
-never stores, so `previous_response_id` is refused and a client sends the whole conversation in
-`input`, as it must against such a vLLM.
+A finished response (completed, or cut by `max_output_tokens`) is kept in the engine's
+`ResponseStore` unless the request says `"store": false`. A request with `previous_response_id`
+continues it as vLLM does: its prompt is its own `instructions` (a system message), then the
+stored conversation (with the system messages of the requests it continued: vLLM keeps them),
+then its own input. An id this engine does not hold gets 404 `response_not_found`; a client can
+always send the whole conversation in `input` instead.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from continuum_common.hashing.responses_input import ResponsesInputError, responses_messages
-from continuum_sim.errors import InvalidRequest
+from continuum_sim.errors import InvalidRequest, ResponseNotFound
 from continuum_sim.protocol.chat_template import ChatMessage, parse_messages
 from continuum_sim.protocol.requests import bool_field, cache_salt_field, int_field, resolve_model
+from continuum_sim.protocol.response_store import Conversation, ResponseStore
 from continuum_sim.protocol.responses import new_id, now
 
 
@@ -26,23 +31,24 @@ class ResponsesParams:
     max_output_tokens: int | None
     stream: bool
     cache_salt: str | None
+    previous_response_id: str | None
+    store: bool  # keep the finished response for `previous_response_id` (OpenAI's default: true)
     echo: dict[str, Any]  # request fields the response object repeats
 
 
 def responses_params(body: Mapping[str, Any], served: Sequence[str]) -> ResponsesParams:
     model = resolve_model(body, served)
-    if body.get("previous_response_id") is not None:
-        raise InvalidRequest(
-            "This engine does not store responses: send the whole conversation in 'input' "
-            "instead of 'previous_response_id'.",
-            param="previous_response_id",
-        )
+    previous = body.get("previous_response_id")
+    if previous is not None and not isinstance(previous, str):
+        raise InvalidRequest("'previous_response_id' must be a string", param="previous_response_id")
     limit = int_field(body, "max_output_tokens", minimum=1)
     stream = bool_field(body, "stream", False)
+    store = bool_field(body, "store", True)
     salt = cache_salt_field(body)
     echo = {
         "instructions": body.get("instructions"),
         "max_output_tokens": limit,
+        "previous_response_id": previous,
         "temperature": body.get("temperature", 1.0),
         "top_p": body.get("top_p", 1.0),
         "metadata": body.get("metadata") or {},
@@ -50,18 +56,50 @@ def responses_params(body: Mapping[str, Any], served: Sequence[str]) -> Response
         "tool_choice": body.get("tool_choice", "auto"),
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
     }
-    return ResponsesParams(model, limit, stream, salt, echo)
+    return ResponsesParams(model, limit, stream, salt, previous, store, echo)
 
 
-def prompt_messages(body: Mapping[str, Any]) -> list[ChatMessage]:
-    """The messages the chat template renders (400 naming the bad field)."""
+@dataclass(frozen=True)
+class ResponsesPrompt:
+    """What the chat template renders, and the part of it a stored response keeps."""
+
+    messages: list[ChatMessage]  # what the template renders; also what is stored
+    conversation: Conversation  # the same messages (stored with the answer appended)
+
+    def answered(self, text: str) -> Conversation:
+        return (*self.conversation, ChatMessage("assistant", text))
+
+
+def prompt_messages(body: Mapping[str, Any], params: ResponsesParams, store: ResponseStore) -> ResponsesPrompt:
+    """The request's prompt: 400 naming a bad field first (a malformed request is malformed on
+    every engine), then 404 when `previous_response_id` is not in this engine's store."""
+    # Converted apart because a continuation's instructions go before the stored history.
+    system = _chat_messages({"instructions": body.get("instructions")})
+    turn = _chat_messages({"input": body.get("input")})
+    history: Conversation = ()
+    if params.previous_response_id is not None:
+        found = store.get(params.previous_response_id)
+        if found is None:
+            raise ResponseNotFound(params.previous_response_id)
+        history = found
+    conversation = (*system, *history, *turn)
+    if not conversation:
+        raise InvalidRequest("'input' must not be empty", param="input")
+    return ResponsesPrompt(list(conversation), conversation)
+
+
+def _chat_messages(part: Mapping[str, Any]) -> list[ChatMessage]:
     try:
-        messages = responses_messages(body)
+        messages = responses_messages(part)
     except ResponsesInputError as exc:
         raise InvalidRequest(str(exc), param=exc.param) from None
-    if not messages:
-        raise InvalidRequest("'input' must not be empty", param="input")
-    return parse_messages(messages)
+    return parse_messages(messages) if messages else []
+
+
+def store_response(store: ResponseStore, params: ResponsesParams, rid: str, prompt: ResponsesPrompt, text: str) -> None:
+    """Keep a finished response (completed or incomplete) under the id its client received."""
+    if params.store:
+        store.put(rid, prompt.answered(text))
 
 
 def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -135,6 +173,11 @@ class ResponseEvents:
             self._event("response.content_part.added", item_id=self.mid, output_index=0, content_index=0, part=part),
         ]
 
+    @property
+    def answer(self) -> str:
+        """The text streamed so far: what the client assembled from the deltas."""
+        return "".join(self.text)
+
     def delta(self, text: str) -> tuple[str, dict[str, Any]]:
         self.text.append(text)
         return self._event(
@@ -142,7 +185,7 @@ class ResponseEvents:
         )
 
     def finish(self, usage_body: dict[str, Any], finish_reason: str) -> list[tuple[str, dict[str, Any]]]:
-        text = "".join(self.text)
+        text = self.answer
         item = output_message(self.mid, text, "completed")
         part = item["content"][0]
         final = response_object(
