@@ -4,12 +4,14 @@ strategy, so that only response affinity keeps a conversation on the engine that
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import openai
 import pytest
 import pytest_asyncio
 
+from continuum_common.procs import NatsServer
 from continuum_sim import SimFleet
 from continuum_testing.ingress_harness import running_ingress
 
@@ -121,3 +123,29 @@ async def test_without_affinity_the_next_turn_meets_an_engine_that_does_not_have
         with pytest.raises(openai.NotFoundError):
             await oc.responses.create(model=model, input="next", previous_response_id=first.id, max_output_tokens=8)
         await oc.close()
+
+
+async def test_replicas_learn_each_others_ids_from_the_load_reports(fleet: SimFleet, nats_server: NatsServer) -> None:
+    """Two replicas sharing a load view over NATS: the id one of them learnt reaches the other
+    with its next report, and the other routes the next turn straight to the owner."""
+    model = fleet.endpoints[0].model
+    config = {
+        **_config(fleet),
+        "bus": {"embedded": False, "url": nats_server.url},
+        "load_sharing": {"bus": "always", "interval_ms": 20, "stale_after_ms": 1000},
+    }
+    async with running_ingress(config) as first, running_ingress(config) as second:
+        a, b = _client(first.url), _client(second.url)
+        await a.responses.create(model=model, input="Warm-up", max_output_tokens=4)  # see above
+        opened = await a.responses.with_raw_response.create(model=model, input="Hello", max_output_tokens=8)
+        home, previous = opened.headers["x-continuum-backend"], opened.parse()
+        async with asyncio.timeout(5):
+            while _count(second.app, "adopted") < 2:
+                await asyncio.sleep(0.01)
+        raw = await b.responses.with_raw_response.create(
+            model=model, input="next", previous_response_id=previous.id, max_output_tokens=8
+        )
+        await a.close()
+        await b.close()
+        assert raw.headers["x-continuum-backend"] == home
+        assert (_count(second.app, "owner"), _count(second.app, "unknown"), _count(second.app, "probed")) == (1, 0, 0)

@@ -132,3 +132,31 @@ def test_switched_off_or_without_probing() -> None:
         affinity.learn_body("sim-1", orjson.dumps({"id": f"resp_{i}"}))
     affinity.reload(RouterConfig.model_validate({"response_affinity": {"max_entries": 2}}))
     assert len(affinity.owners) == 2
+
+
+def test_learnt_ids_are_handed_to_the_load_view_and_adopted_from_it() -> None:
+    affinity, config, registry = _affinity()
+    affinity.learn_body("sim-0", orjson.dumps({"id": "resp_before"}))
+    assert affinity.take_shared(10) == []  # no load view yet: nothing queued
+    affinity.share()
+    for i in range(5):
+        affinity.learn_body(f"sim-{i % 2}", orjson.dumps({"id": f"resp_{i}"}))
+    assert affinity.take_shared(3) == [("resp_0", "sim-0"), ("resp_1", "sim-1"), ("resp_2", "sim-0")]
+    assert affinity.take_shared(3) == [("resp_3", "sim-1"), ("resp_4", "sim-0")]
+    assert affinity.take_shared(3) == []
+    other, _, other_registry = _affinity()
+    other.adopt([("resp_x", "sim-2")])
+    state = _state({"model": "m", "input": "next", "previous_response_id": "resp_x"})
+    chosen = other.route(state, config.response_affinity, [_backend("sim-1"), _backend("sim-2")])
+    assert chosen is not None and chosen.name == "sim-2"
+    assert _count(other_registry, "adopted") == 1 and _count(registry, "learned") == 6
+
+
+def test_a_full_share_queue_drops_the_oldest_and_counts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("continuum_ingress.response_affinity.SHARE_QUEUE", 2)
+    affinity, _, registry = _affinity()
+    affinity.share()
+    for i in range(3):
+        affinity.learn_body("sim-0", orjson.dumps({"id": f"resp_{i}"}))
+    assert affinity.take_shared(10) == [("resp_1", "sim-0"), ("resp_2", "sim-0")]
+    assert _count(registry, "share_dropped") == 1

@@ -7,7 +7,9 @@ import pytest
 
 from continuum_common.wire.loads import (
     MAX_BACKENDS,
+    MAX_RESPONSES,
     BackendLoad,
+    LearnedResponse,
     LoadReport,
     LoadReportDecodeError,
     decode_load_report,
@@ -87,6 +89,25 @@ def test_wire_round_trip() -> None:
     assert decode_load_report(encode_load_report(sent)) == sent
     final = LoadReport("host-1-abc", 8, 100, [], final=True)
     assert decode_load_report(encode_load_report(final)).final
+    learnt = LoadReport("host-1-abc", 9, 100, [], responses=[LearnedResponse("resp_1", "vllm-1")])
+    assert decode_load_report(encode_load_report(learnt)).responses == [LearnedResponse("resp_1", "vllm-1")]
+
+
+class ReportBefore(msgspec.Struct, array_like=True, frozen=True):
+    """The report as processes without the Responses ids encode and decode it."""
+
+    replica: str
+    seq: int
+    interval_ms: int
+    loads: list[BackendLoad]
+    final: bool = False
+
+
+def test_reports_with_and_without_response_ids_are_read_by_both_versions() -> None:
+    older = msgspec.msgpack.encode(ReportBefore("r-old", 1, 100, [BackendLoad("a", 2, 0)]))
+    assert decode_load_report(older) == LoadReport("r-old", 1, 100, [BackendLoad("a", 2, 0)], responses=[])
+    newer = encode_load_report(LoadReport("r-new", 2, 100, [], responses=[LearnedResponse("resp_9", "a")]))
+    assert msgspec.msgpack.decode(newer, type=ReportBefore) == ReportBefore("r-new", 2, 100, [])
 
 
 @pytest.mark.parametrize(
@@ -98,6 +119,8 @@ def test_wire_round_trip() -> None:
         msgspec.msgpack.encode(["r", 1, 0, [], False]),
         msgspec.msgpack.encode(["", 1, 100, [], False]),
         msgspec.msgpack.encode(["r", 1, 100, [["a", 1, 0]] * (MAX_BACKENDS + 1), False]),
+        msgspec.msgpack.encode(["r", 1, 100, [], False, [["resp_1", "a"]] * (MAX_RESPONSES + 1)]),
+        msgspec.msgpack.encode(["r", 1, 100, [], False, [["", "a"]]]),
         msgspec.msgpack.encode({"replica": "r"}),
     ],
 )

@@ -135,9 +135,16 @@ class IngressApp:
         self.kv = None if scorer is not None else self._kv_routing(embedded_index, builtin_components, admin_routes)
         if self.kv is not None:
             scorer = self.kv.scorer
+        # Stored Responses conversations stay with the backend that stored them; the ids learnt
+        # travel with the load reports to the other processes.
+        self.affinity = ResponseAffinity(initial.response_affinity, self.metrics.registry, clock)
+        self.holder.on_config.append(self.affinity.reload)
         self.load_share = build_load_share(
-            self.holder.current.config, self.pool, self.metrics.registry, kv=self.kv, seat=worker, link=self.nats
-        )
+            self.holder.current.config, self.pool, self.metrics.registry, kv=self.kv, seat=worker, link=self.nats,
+            responses=self.affinity,
+        )  # fmt: skip
+        if self.load_share is not None:
+            self.affinity.share()
         if self.load_share is not None:
             builtin_components.append(self.load_share)
         if self._uses_nats():  # first: started before its users, closed after them
@@ -149,9 +156,6 @@ class IngressApp:
         for component in self.components:
             self.holder.on_config.append(component.reload)
         self.reload_interval = reload_interval
-        # Stored Responses conversations stay with the backend that stored them.
-        self.affinity = ResponseAffinity(initial.response_affinity, self.metrics.registry, clock)
-        self.holder.on_config.append(self.affinity.reload)
         self.pipeline = SelectionPipeline(
             self.pool, self.metrics, response_cache=self.response_cache, scorer=scorer, clock=clock,
             affinity=self.affinity,

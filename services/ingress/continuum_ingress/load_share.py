@@ -14,6 +14,10 @@ is ignored. Publishing never waits: a report that cannot go out is counted as a 
 peers' reports expire after the staleness bound, so with every transport down each process
 routes on its own counts. On shutdown a final report tells the others to drop this process's
 load at once.
+
+The reports also carry the Responses ids this process learnt since its previous report
+(`SharedResponses`, response_affinity.py), so the others route those conversations' next turns
+without asking the backends.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
 from continuum_common.config import RouterConfig
 from continuum_common.wire.loads import (
+    MAX_RESPONSES,
     BackendLoad,
+    LearnedResponse,
     LoadReport,
     LoadReportDecodeError,
     decode_load_report,
@@ -42,6 +49,16 @@ from continuum_ingress.pool import BackendPool
 log = logging.getLogger("continuum.ingress.load")
 
 FINAL_REPORT_TIMEOUT_S = 1.0
+
+
+class SharedResponses(Protocol):
+    """Response ids learnt here go out with the reports; the others' come in."""
+
+    def take_shared(self, limit: int) -> list[tuple[str, str]]:
+        """Up to `limit` (response id, backend) pairs learnt since the last call."""
+        ...
+
+    def adopt(self, pairs: Sequence[tuple[str, str]]) -> None: ...
 
 
 class LoadShare:
@@ -58,8 +75,10 @@ class LoadShare:
         stale_after_s: float,
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.monotonic,
+        responses: SharedResponses | None = None,
     ) -> None:
         self.replica = replica
+        self.responses = responses
         self.pool = pool
         self.transports = tuple(transports)
         self.interval_s = interval_s
@@ -150,7 +169,9 @@ class LoadShare:
                 if s.local_in_flight > 0 or s.local_queued_tokens > 0
             ]
         )
-        return LoadReport(self.replica, self._seq, max(1, round(self.interval_s * 1000)), loads, final)
+        learnt = [] if self.responses is None else self.responses.take_shared(MAX_RESPONSES)
+        shared = [LearnedResponse(response_id, backend) for response_id, backend in learnt]
+        return LoadReport(self.replica, self._seq, max(1, round(self.interval_s * 1000)), loads, final, shared)
 
     async def _publish(self, *, final: bool) -> None:
         if self._stopped and not final:
@@ -175,6 +196,8 @@ class LoadShare:
             return
         if self.table.last_seq(report.replica) == report.seq:
             return  # the same report over a second transport
+        if report.responses and self.responses is not None:  # facts even when reordered
+            self.responses.adopt([(r.response_id, r.backend) for r in report.responses])
         if not self.table.apply(report, self.clock()):
             self.metrics.dropped.labels("reordered").inc()
             return

@@ -23,7 +23,7 @@ from continuum_ingress.adapters.load_local import LocalLoadTransport
 from continuum_ingress.adapters.load_nats import NatsLoadTransport
 from continuum_ingress.adapters.nats_link import NatsLink
 from continuum_ingress.kv import KvRouting
-from continuum_ingress.load_share import LoadShare, LoadTransport
+from continuum_ingress.load_share import LoadShare, LoadTransport, SharedResponses
 from continuum_ingress.policy.shared_load import choose_transports
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.workers import WorkerSeat
@@ -37,6 +37,7 @@ def build_load_share(
     kv: KvRouting | None,
     seat: WorkerSeat | None,
     link: NatsLink | None = None,
+    responses: SharedResponses | None = None,
 ) -> LoadShare | None:
     """The load view for this process, or None when it has no peers (or sharing is off).
     `link`: the process's NATS connection, required when replicas are reached over NATS."""
@@ -58,6 +59,7 @@ def build_load_share(
         interval_s=settings.interval_ms / 1000,
         stale_after_s=settings.stale_after_ms / 1000,
         registry=registry,
+        responses=responses,
     )
     if kv is not None:
         kv.load_share = share  # the other replicas' shared decisions count at once

@@ -9,11 +9,14 @@ stream's `response.created` event) and sends the next turn there. An id this pro
 (another replica or worker forwarded it, the process restarted, the id was forgotten) is
 found by asking: each backend that answers 404 naming the id is passed over for the next
 candidate, up to `max_probes` backends, and the answer that comes back teaches the id of the
-next turn.
+next turn. With a shared load view (load_share.py) the ids learnt here also travel to the other
+replicas and workers with the next load report (every `load_sharing.interval_ms`), so they
+route those conversations without asking; a turn sent before that report arrived asks.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Sequence
 
@@ -26,7 +29,10 @@ from continuum_ingress.pool import BackendState
 from continuum_ingress.protocol.response_ids import id_in_body, id_in_stream_head, previous_response_id
 from continuum_ingress.state import RequestState
 
-OUTCOMES = ("owner", "owner_unavailable", "unknown", "probed", "not_found", "learned", "no_id")
+OUTCOMES = ("owner", "owner_unavailable", "unknown", "probed", "learned", "no_id", "adopted", "share_dropped")
+# Ids waiting for the next load report; past this (a burst beyond what reports carry) the
+# oldest are not shared (counted), and the other processes ask for them instead.
+SHARE_QUEUE = 8192
 
 
 class ResponseAffinity:
@@ -40,12 +46,31 @@ class ResponseAffinity:
             "Responses requests routed by previous_response_id, and response ids learnt, by outcome "
             "(owner: sent to the backend that stored it; owner_unavailable: that backend is not a "
             "candidate now; unknown: never seen here; probed: a backend answered 404 for it and the "
-            "next was asked; not_found: no backend asked had it; learned / no_id: an answer's id "
-            "remembered / absent)",
+            "next was asked; learned / no_id: an answer's id remembered / absent; adopted: an id "
+            "another process learnt; share_dropped: an id not shared, the queue being full)",
             ["outcome"],
             registry=registry,
         )
         self._counts = {outcome: counter.labels(outcome) for outcome in OUTCOMES}
+        self._outbox: collections.deque[tuple[str, str]] | None = None  # None: no load view
+
+    def share(self) -> None:
+        """From now on, ids learnt here are handed to the load view (`take_shared`)."""
+        if self._outbox is None:
+            self._outbox = collections.deque()
+
+    def take_shared(self, limit: int) -> list[tuple[str, str]]:
+        outbox = self._outbox
+        if not outbox:
+            return []
+        return [outbox.popleft() for _ in range(min(limit, len(outbox)))]
+
+    def adopt(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Ids another process learnt (its load report)."""
+        now = self.clock()
+        for response_id, backend in pairs:
+            self.owners.remember(response_id, backend, now)
+        self._counts["adopted"].inc(len(pairs))
 
     def count(self, outcome: str) -> None:
         self._counts[outcome].inc()
@@ -89,3 +114,9 @@ class ResponseAffinity:
             return
         self.owners.remember(response_id, backend, self.clock())
         self.count("learned")
+        outbox = self._outbox
+        if outbox is not None:
+            if len(outbox) >= SHARE_QUEUE:
+                outbox.popleft()
+                self.count("share_dropped")
+            outbox.append((response_id, backend))
