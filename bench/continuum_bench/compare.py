@@ -233,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--trace-limit", type=int, help="trace: replay only the first N lines")
     w.add_argument(
         "--api", dest="api_form", choices=API_FORMS, default="native",
-        help="responses: send the chat workloads' requests (all but trace) to /v1/responses",
+        help="responses: send the chat workloads' requests (all but trace) to /v1/responses; "
+        "responses-stored: the same, later turns as previous_response_id + the new messages",
     )  # fmt: skip
     return p
 

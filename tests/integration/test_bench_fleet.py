@@ -77,6 +77,29 @@ def test_bench_fleet_over_the_responses_api(tmp_path: Path) -> None:
     assert res["ttft_s"]["p50"] is not None and res["ttft_s"]["p50"] > 0
 
 
+@pytest.mark.parametrize(("router", "errors"), [("direct-prefix-hash", 0), ("direct-round-robin", 1)])
+def test_bench_fleet_with_stored_responses(tmp_path: Path, router: str, errors: int) -> None:
+    """`--api responses-stored`: later turns name the previous response instead of repeating
+    the conversation. Kept on one engine (prefix hash) every turn is answered from its store and
+    cache; round robin sends turn 2 of the one conversation to the other engine, which does not
+    hold the response (404, an error), and the conversation ends there as it does after any
+    failed turn."""
+    argv = [
+        "bench", "fleet", "--router", router, "--workload", "multi-turn", "--engines", "2", "--in-process",
+        "--time-scale", "0.01", "--num-gpu-blocks", "1100", "--out-dir", str(tmp_path), "--name", "run",
+        "--no-progress", "--no-plot", "--api", "responses-stored", "--conversations", "1", "--turns", "3",
+        "--rate", "20", "--system-prompts", "1", "--system-tokens", "200", "--user-tokens", "20",
+        "--output-tokens", "8", "--think-time", "0.1",
+    ]  # fmt: skip
+    assert router_cli(argv) == 0
+    res = json.loads((tmp_path / "run.json").read_text())["results"]
+    assert (res["requests"], res["errors"]) == ((2, 1) if errors else (3, 0))
+    if errors:
+        assert any("404" in sample for sample in res["error_samples"])
+    else:
+        assert res["hit_rate"] > 0.3  # the history came from the engine's prefix cache
+
+
 async def test_bench_against_a_router_url_on_an_attached_fleet(tmp_path: Path) -> None:
     """`--router URL` + `--fleet FILE`: the 'router' here is engine 0 itself, so all load lands
     there — the imbalance and per-engine figures must show it."""

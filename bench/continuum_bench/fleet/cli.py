@@ -107,7 +107,8 @@ def _workload_args(w: argparse._ArgumentGroup, d: FleetBenchOptions) -> None:
     w.add_argument("--duration", type=float, help="conversations: seconds of conversation starts (600)")
     w.add_argument(
         "--api", dest="api_form", choices=API_FORMS, default=d.api_form,
-        help="responses: send the chat workloads' requests to /v1/responses (instructions + input items)",
+        help="responses: send the chat workloads' requests to /v1/responses (instructions + input items); "
+        "responses-stored: later turns continue the previous response (previous_response_id + new messages)",
     )  # fmt: skip
 
 

@@ -7,7 +7,9 @@ i mod N); `prefix-hash` sends each request to engine `prefix_key mod N` (the sha
 `continuum_common.hashing`, no load bounds: a sanity baseline for what sticky routing can gain);
 `url` sends everything to a router under test: one OpenAI-compatible base URL, or several (the
 replicas of one router), taken in turn per request as a round-robin load balancer would. With
-`api_form="responses"` chat requests go to `/v1/responses` instead (fleet/responses_form.py).
+`api_form="responses"` chat requests go to `/v1/responses` instead, and with
+`api_form="responses-stored"` a conversation's later turns continue the previous response by its
+id (fleet/responses_form.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ import httpx
 import orjson
 
 from continuum_bench.fleet.ideal import IdealCache
-from continuum_bench.fleet.responses_form import event_text, event_usage, responses_body
+from continuum_bench.fleet.responses_form import (
+    StoredTurn,
+    event_response_id,
+    event_text,
+    event_usage,
+    responses_body,
+)
 from continuum_bench.fleet.tokens import TokenCodec
 from continuum_bench.fleet.workloads import BenchRequest, Session, Workload
 from continuum_common.hashing import request_prefix_key
@@ -117,8 +125,9 @@ class Driver:
 
     async def _run_session(self, client: httpx.AsyncClient, session: Session) -> None:
         previous: str | None = None
+        stored = StoredTurn() if self.api_form == "responses-stored" else None
         while (request := session.next_request(previous)) is not None:
-            result, text = await self._send(client, request)
+            result, text = await self._send(client, request, stored)
             previous = text if result.ok else None
             think = session.think_time()
             if think > 0:
@@ -142,12 +151,15 @@ class Driver:
         hits = [cache.on_send(prompt_ids) for cache in self.ideals]
         return hits[0]
 
-    async def _send(self, client: httpx.AsyncClient, request: BenchRequest) -> tuple[RequestResult, str]:
+    async def _send(
+        self, client: httpx.AsyncClient, request: BenchRequest, stored: StoredTurn | None = None
+    ) -> tuple[RequestResult, str]:
         base, engine, replica = self._target(request)
         form: str = request.api
-        if self.api_form == "responses" and request.api == "chat":
+        if self.api_form != "native" and request.api == "chat":
             path, form = "/responses", "responses"
-            body = {"model": self.model, **responses_body(request.body), "stream": True}
+            inner = responses_body(request.body) if stored is None else stored.body(request.body)
+            body = {"model": self.model, **inner, "stream": True}
         else:
             path = "/chat/completions" if request.api == "chat" else "/completions"
             body = {"model": self.model, **request.body, "stream": True, "stream_options": {"include_usage": True}}
@@ -155,16 +167,18 @@ class Driver:
         sent = time.monotonic()
         self.progress.in_flight += 1
         self.progress.update()
-        text, error, ttft = "", None, None
+        text, error, ttft, response_id = "", None, None, None
         usage: dict[str, Any] = {}
         try:
             async with asyncio.timeout(self.request_timeout):
-                text, ttft, usage = await self._stream(client, base + path, body, form, sent)
+                text, ttft, usage, response_id = await self._stream(client, base + path, body, form, sent)
         except (httpx.HTTPError, TimeoutError, ValueError, KeyError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
         end = time.monotonic()
         self.progress.in_flight -= 1
         ok = error is None
+        if stored is not None and request.api == "chat":
+            stored.answered(request.body, response_id if ok else None, text)
         if ok:
             output_ids = self.codec.encode(text)
             for cache in self.ideals:
@@ -191,10 +205,11 @@ class Driver:
 
     async def _stream(
         self, client: httpx.AsyncClient, url: str, body: dict[str, Any], api: str, sent: float
-    ) -> tuple[str, float | None, dict[str, Any]]:
+    ) -> tuple[str, float | None, dict[str, Any], str | None]:
         parts: list[str] = []
         ttft: float | None = None
         usage: dict[str, Any] = {}
+        response_id: str | None = None
         async with client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
                 detail = (await resp.aread())[:200].decode(errors="replace")
@@ -209,6 +224,7 @@ class Driver:
                 if "error" in chunk:
                     raise ValueError(f"stream error: {str(chunk['error'])[:200]}")
                 if api == "responses":
+                    response_id = response_id or event_response_id(chunk)
                     pieces = [event_text(chunk)]
                     usage = event_usage(chunk) or usage
                 else:
@@ -224,4 +240,4 @@ class Driver:
                         parts.append(piece)
         if ttft is None:
             raise ValueError("the stream carried no content")
-        return "".join(parts), ttft, usage
+        return "".join(parts), ttft, usage, response_id

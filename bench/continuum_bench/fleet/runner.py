@@ -84,7 +84,8 @@ class FleetBenchOptions:
     write_backends: str | None = None
     wait_for_router: float = 30.0
     request_timeout: float = 600.0
-    # "responses": chat requests go to /v1/responses (fleet/responses_form.py)
+    # "responses": chat requests go to /v1/responses; "responses-stored": later turns by
+    # previous_response_id (fleet/responses_form.py)
     api_form: str = "native"
     command: str = ""
 
