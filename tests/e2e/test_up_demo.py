@@ -75,6 +75,12 @@ async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Pat
                 max_output_tokens=8,  # type: ignore[arg-type]
             )
             answer = answer_raw.parse()
+            # The banner's next line: a turn that continues the stored response by its id.
+            assert "previous_response_id=answer.id" in banner
+            later_raw = await client.responses.with_raw_response.create(
+                model=models[0], input="One more?", previous_response_id=answer.id, max_output_tokens=8
+            )
+            later = later_raw.parse()
         # What the README says: the next turn goes to the engine that answered the first (it
         # holds the conversation's history), and that engine's prefix cache serves it.
         engine = first_raw.headers["x-continuum-backend"]
@@ -85,6 +91,8 @@ async def test_up_demo_serves_requests_and_stops_cleanly_on_sigint(tmp_path: Pat
         assert answer.output_text
         assert answer_raw.headers["x-continuum-backend"] == opened_raw.headers["x-continuum-backend"]
         assert answer.usage is not None and answer.usage.input_tokens_details.cached_tokens > 0
+        assert later_raw.headers["x-continuum-backend"] == answer_raw.headers["x-continuum-backend"]
+        assert later.usage is not None and later.usage.input_tokens_details.cached_tokens > 0
         # The demo wrote its config and started the embedded NATS with JetStream in .continuum/.
         assert (tmp_path / ".continuum" / "demo-config.yaml").exists()
         assert (tmp_path / ".continuum" / "nats" / "jetstream").is_dir()

@@ -65,6 +65,8 @@ def banner(
             "  # the Responses API, routed the same way (by the prompt the engine templates):",
             f'  answer = client.responses.create(model="{model}", instructions="You are terse.", input="Hello!")',
             "  print(answer.output_text)",
+            "  # a next turn that continues the stored response goes to the engine that stored it:",
+            f'  later = client.responses.create(model="{model}", input="And then?", previous_response_id=answer.id)',
         ]
     if admin_token_file is not None:
         lines += [
