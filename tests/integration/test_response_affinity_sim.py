@@ -149,3 +149,32 @@ async def test_replicas_learn_each_others_ids_from_the_load_reports(fleet: SimFl
         await b.close()
         assert raw.headers["x-continuum-backend"] == home
         assert (_count(second.app, "owner"), _count(second.app, "unknown"), _count(second.app, "probed")) == (1, 0, 0)
+
+
+async def test_retrieve_list_and_delete_reach_the_engine_that_stored_it(fleet: SimFleet) -> None:
+    """GET /v1/responses/{id}, its input_items and DELETE go to the engine that stored the
+    response, from the replica that saw it and, by asking, from one that did not."""
+    model = fleet.endpoints[0].model
+    async with running_ingress(_config(fleet)) as first, running_ingress(_config(fleet)) as second:
+        a, b = _client(first.url), _client(second.url)
+        await a.responses.create(model=model, input="Warm-up", max_output_tokens=4)  # see above
+        opened = await a.responses.with_raw_response.create(model=model, input="Hello", max_output_tokens=8)
+        home, created = opened.headers["x-continuum-backend"], opened.parse()
+        for client in (a, b):
+            raw = await client.responses.with_raw_response.retrieve(created.id)
+            assert raw.headers["x-continuum-backend"] == home
+            retrieved = raw.parse()
+            assert (retrieved.id, retrieved.output_text) == (created.id, created.output_text)
+        assert _count(second.app, "probed") == 1  # the first engine it asked did not have it
+        items = await b.responses.input_items.list(created.id)
+        assert [item.role for item in items.data] == ["user"]  # type: ignore[union-attr]
+        deleted = await b.responses.with_raw_response.delete(created.id)
+        assert deleted.headers["x-continuum-backend"] == home
+        assert deleted.http_response.json() == {"id": created.id, "object": "response.deleted", "deleted": True}
+        with pytest.raises(openai.NotFoundError) as caught:
+            await a.responses.retrieve(created.id)
+        assert caught.value.code == "response_not_found" and created.id in caught.value.message
+        with pytest.raises(openai.NotFoundError):
+            await a.responses.create(model=model, input="next", previous_response_id=created.id, max_output_tokens=8)
+        await a.close()
+        await b.close()

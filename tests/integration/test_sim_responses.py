@@ -1,6 +1,6 @@
 """The simulated engine's OpenAI Responses API over loopback HTTP, driven by the official openai
-SDK (non-stream and typed stream events, conversations continued with `previous_response_id`)
-and by raw requests for the errors."""
+SDK (non-stream and typed stream events, conversations continued with `previous_response_id`,
+stored responses retrieved, listed and deleted) and by raw requests for the errors."""
 
 from __future__ import annotations
 
@@ -234,6 +234,8 @@ async def test_a_response_sent_with_store_false_cannot_be_continued(oai: openai.
             rid = (await oai.responses.create(model=MODEL, input="hi", store=False, max_output_tokens=4)).id
         with pytest.raises(openai.NotFoundError, match=rid):
             await oai.responses.create(model=MODEL, input="and?", previous_response_id=rid)
+        with pytest.raises(openai.NotFoundError, match=rid):
+            await oai.responses.retrieve(rid)
 
 
 async def test_an_engine_with_the_store_off_knows_no_response() -> None:
@@ -244,3 +246,82 @@ async def test_an_engine_with_the_store_off_knows_no_response() -> None:
             first = await client.responses.create(model=MODEL, input="hi", max_output_tokens=4)
             with pytest.raises(openai.NotFoundError, match=first.id):
                 await client.responses.create(model=MODEL, input="and?", previous_response_id=first.id)
+
+
+# -- stored responses: retrieve, input items, delete ------------------------------------------
+
+
+async def test_a_stored_response_is_retrieved_as_its_client_received_it(oai: openai.AsyncOpenAI) -> None:
+    answer = await oai.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=6)
+    got = await oai.responses.retrieve(answer.id)
+    assert (got.id, got.status, got.output_text) == (answer.id, answer.status, answer.output_text)
+    assert got.model_dump() == answer.model_dump()  # the very object, usage and echoes included
+    stream = await oai.responses.create(model=MODEL, input="Stream one.", max_output_tokens=8, stream=True)
+    final = [event async for event in stream][-1]
+    assert final.type == "response.incomplete"
+    got = await oai.responses.retrieve(final.response.id)
+    assert (got.id, got.status, got.output_text) == (final.response.id, "incomplete", final.response.output_text)
+    assert got.model_dump() == final.response.model_dump()
+
+
+async def test_input_items_list_the_conversation_before_the_answer(oai: openai.AsyncOpenAI) -> None:
+    first = await oai.responses.create(
+        model=MODEL, instructions="Be brief.", input="Name a colour.", max_output_tokens=6
+    )
+    second = await oai.responses.create(
+        model=MODEL, input="Another one?", max_output_tokens=6, previous_response_id=first.id
+    )
+    page = await oai.responses.input_items.list(second.id)
+    expected = [
+        ("system", "input_text", "Be brief."),
+        ("user", "input_text", "Name a colour."),
+        ("assistant", "output_text", first.output_text),  # the answer in between
+        ("user", "input_text", "Another one?"),
+    ]
+    seen = [(item.role, item.content[0].type, item.content[0].text) for item in page.data]  # type: ignore[union-attr]
+    assert seen == expected and second.output_text not in [text for *_, text in seen]
+    ids = [item.id for item in page.data]
+    assert len(set(ids)) == len(ids) and all(i.startswith("msg_") for i in ids)
+    assert (page.first_id, page.last_id, page.has_more) == (ids[0], ids[-1], False)
+    assert [item.id for item in (await oai.responses.input_items.list(second.id)).data] == ids  # stable
+    first_items = await oai.responses.input_items.list(first.id)
+    assert [item.role for item in first_items.data] == ["system", "user"]  # type: ignore[union-attr]
+
+
+async def test_a_deleted_response_is_gone(oai: openai.AsyncOpenAI) -> None:
+    answer = await oai.responses.create(model=MODEL, input="Forget me.", max_output_tokens=4)
+    # The SDK's delete returns None, so the body is read off the raw answer.
+    raw = await oai.responses.with_raw_response.delete(answer.id)
+    assert raw.status_code == 200
+    assert raw.http_response.json() == {"id": answer.id, "object": "response.deleted", "deleted": True}
+    with pytest.raises(openai.NotFoundError) as raised:
+        await oai.responses.retrieve(answer.id)
+    assert answer.id in str(raised.value) and raised.value.code == "response_not_found"
+    with pytest.raises(openai.NotFoundError, match=answer.id):
+        await oai.responses.create(model=MODEL, input="And?", previous_response_id=answer.id)
+    with pytest.raises(openai.NotFoundError, match=answer.id):
+        await oai.responses.input_items.list(answer.id)
+    with pytest.raises(openai.NotFoundError, match=answer.id):
+        await oai.responses.delete(answer.id)
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix"), [("GET", ""), ("DELETE", ""), ("GET", "/input_items")], ids=["get", "delete", "items"]
+)
+async def test_an_unknown_id_in_the_path_is_not_found(http: httpx.AsyncClient, method: str, suffix: str) -> None:
+    reply = await http.request(method, f"/v1/responses/resp_never_stored{suffix}")
+    assert reply.status_code == 404
+    assert reply.json() == {
+        "error": {
+            "message": "Response with id 'resp_never_stored' not found.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "response_not_found",
+        }
+    }
+
+
+async def test_each_stored_response_route_is_not_found_through_the_sdk(oai: openai.AsyncOpenAI) -> None:
+    for call in (oai.responses.retrieve, oai.responses.delete, oai.responses.input_items.list):
+        with pytest.raises(openai.NotFoundError, match="resp_unknown_here"):
+            await call("resp_unknown_here")

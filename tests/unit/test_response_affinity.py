@@ -22,6 +22,8 @@ from continuum_ingress.protocol.response_ids import (
 )
 from continuum_ingress.response_affinity import ResponseAffinity
 from continuum_ingress.state import RequestState
+from continuum_ingress.stored_responses import is_event_stream, relay_stream
+from continuum_ingress.transport import UpstreamError
 
 
 def test_owners_remember_and_forget_the_least_recently_used_first() -> None:
@@ -160,3 +162,34 @@ def test_a_full_share_queue_drops_the_oldest_and_counts_it(monkeypatch: pytest.M
         affinity.learn_body("sim-0", orjson.dumps({"id": f"resp_{i}"}))
     assert affinity.take_shared(10) == [("resp_1", "sim-0"), ("resp_2", "sim-0")]
     assert _count(registry, "share_dropped") == 1
+
+
+class _Upstream:
+    """An upstream answer as the transport hands it over (status, headers, body chunks)."""
+
+    def __init__(self, status: int, content_type: bytes, chunks: list[bytes], fail: bool = False) -> None:
+        self.status, self.headers, self.read_timeout = status, [(b"content-type", content_type)], 1.0
+        self.chunks, self.fail, self.closed = chunks, fail, False
+
+    async def stream(self) -> Any:
+        for chunk in self.chunks:
+            yield chunk
+        if self.fail:
+            raise UpstreamError("the backend went away")
+
+    async def read(self) -> bytes:
+        return b"".join(self.chunks)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_a_retrieved_stream_is_relayed_as_it_comes_and_closed() -> None:
+    events = [b"event: response.created\ndata: {}\n\n", b"event: response.completed\ndata: {}\n\n"]
+    upstream = _Upstream(200, b"text/event-stream; charset=utf-8", events)
+    assert is_event_stream(upstream)  # type: ignore[arg-type]
+    assert [c async for c in relay_stream(upstream)] == events and upstream.closed  # type: ignore[arg-type]
+    broken = _Upstream(200, b"text/event-stream", events[:1], fail=True)
+    assert [c async for c in relay_stream(broken)] == events[:1] and broken.closed  # type: ignore[arg-type]
+    assert not is_event_stream(_Upstream(200, b"application/json", [b"{}"]))  # type: ignore[arg-type]
+    assert not is_event_stream(_Upstream(404, b"text/event-stream", []))  # type: ignore[arg-type]

@@ -71,6 +71,7 @@ from continuum_ingress.protocol.errors import error_body
 from continuum_ingress.response_affinity import ResponseAffinity
 from continuum_ingress.rewriters import AnthropicCacheControl, SaltEcho
 from continuum_ingress.snapshot import SnapshotFactory
+from continuum_ingress.stored_responses import StoredResponses
 from continuum_ingress.transport import TransportFactory
 from continuum_ingress.workers import WorkerSeat
 
@@ -253,6 +254,8 @@ class IngressApp:
         app.router.routes.append(Route("/healthz", info.healthz, methods=["GET"]))
         app.router.routes.append(Route("/readyz", info.readyz, methods=["GET"]))
         app.router.routes.append(Route("/metrics", info.prometheus, methods=["GET"]))
+        stored = StoredResponses(self.holder, self.pool, self.affinity, self.dialects)
+        app.router.routes.extend(stored.routes())
         admin = AdminEndpoints(self.holder, self.pool, self.metrics)
         admin_router = Router(routes=[*admin.routes(), *extra_admin_routes])
         app.router.routes.append(Mount("/admin", app=AdminAuth(admin_router, self.holder)))

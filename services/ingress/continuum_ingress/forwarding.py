@@ -86,12 +86,19 @@ class _Retryable(Exception):
         self.reason = reason
 
 
+def relay_headers(upstream: list[tuple[bytes, bytes]], backend: str, request_id: str) -> list[tuple[bytes, bytes]]:
+    """An upstream answer's headers for the client: hop-by-hop and framing headers dropped, the
+    backend that answered and the request id added."""
+    out = [(k, v) for k, v in upstream if k not in _DROP_HEADERS]
+    out.append((b"x-continuum-backend", backend.encode()))
+    out.append((b"x-request-id", request_id.encode()))
+    return out
+
+
 def response_headers(
     upstream: list[tuple[bytes, bytes]], state: RequestState, backend: str
 ) -> list[tuple[bytes, bytes]]:
-    out = [(k, v) for k, v in upstream if k not in _DROP_HEADERS]
-    out.append((b"x-continuum-backend", backend.encode()))
-    out.append((b"x-request-id", state.request_id.encode()))
+    out = relay_headers(upstream, backend, state.request_id)
     out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in state.cache_headers)
     return out
 

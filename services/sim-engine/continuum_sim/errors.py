@@ -38,17 +38,18 @@ class ModelNotFound(RequestError):
 
 
 class ResponseNotFound(RequestError):
-    """`previous_response_id` names a response this engine does not hold (never stored here,
-    forgotten, or the store is off): 404 with OpenAI's error, the id in the message, so a router
-    can tell "not on this engine" apart from a bad request."""
+    """A request names a response this engine does not hold (never stored here, forgotten,
+    deleted, or the store is off): 404 with OpenAI's error, the id in the message, so a router
+    can tell "not on this engine" apart from a bad request. `param` is "previous_response_id"
+    when the id came in that field, None when it came in the path (`/v1/responses/{id}`)."""
 
     status = 404
     error_type = "invalid_request_error"
     error_code = "response_not_found"
     anthropic_type = "not_found_error"
 
-    def __init__(self, response_id: str) -> None:
-        super().__init__(f"Response with id '{response_id}' not found.", param="previous_response_id")
+    def __init__(self, response_id: str, *, param: str | None = None) -> None:
+        super().__init__(f"Response with id '{response_id}' not found.", param=param)
 
 
 class UnsupportedMediaType(RequestError):

@@ -1,11 +1,14 @@
 """The engine's HTTP API (FastAPI): vLLM's OpenAI-compatible routes plus Anthropic `/v1/messages`.
 
 Routes: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/messages, /tokenize,
-/detokenize, /reset_prefix_cache; GET /v1/models, /health, /version, /metrics.
+/detokenize, /reset_prefix_cache; GET /v1/models, /health, /version, /metrics,
+/v1/responses/{id}, /v1/responses/{id}/input_items; DELETE /v1/responses/{id}.
 Bad input gets vLLM's error object (`{"error": {message, type, param, code}}`) or, on
 /v1/messages, Anthropic's; the engine keeps serving. A client that disconnects mid-request
 aborts it, which frees its KV blocks. /v1/responses keeps finished responses in a bounded
-per-engine store (`EngineConfig.responses_store`) for later requests' `previous_response_id`.
+per-engine store (`EngineConfig.responses_store`) for later requests' `previous_response_id`
+and for the /v1/responses/{id} routes, which retrieve, list and delete them (404
+`response_not_found` for an id this engine does not hold).
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
 from continuum_sim.engine import RequestHandle, SimEngine
-from continuum_sim.errors import Conflict, EngineBusy, InvalidRequest, RequestError, UnsupportedMediaType
+from continuum_sim.errors import (
+    Conflict,
+    EngineBusy,
+    InvalidRequest,
+    RequestError,
+    ResponseNotFound,
+    UnsupportedMediaType,
+)
 from continuum_sim.policy.request import RequestStatus
 from continuum_sim.protocol import embeddings as emb
 from continuum_sim.protocol import responses as r
@@ -200,7 +210,7 @@ class EngineApi:
             rid, params, r.now(), status="completed", output=[message], usage_body=usage,
             finish_reason=handle.finish_reason,
         )  # fmt: skip
-        ra.store_response(self.responses_store, params, rid, prompt, text)
+        ra.store_response(self.responses_store, params, prompt, out, text)
         return json_response(out)
 
     async def _response_events(
@@ -218,11 +228,26 @@ class EngineApi:
             yield r.sse_event("error", r.openai_error(EngineBusy("The engine's waiting queue is full; retry later.")))
             return
         usage = ra.usage(handle.prompt_tokens, len(handle.output_token_ids), handle.cached_tokens)
+        final = events.final_response(usage, handle.finish_reason)
         # Stored before the final event goes out: a client may send the next turn as soon as it
         # reads `response.completed`, before this generator runs again.
-        ra.store_response(self.responses_store, params, events.rid, prompt, events.answer)
-        for name, event in events.finish(usage, handle.finish_reason):
+        ra.store_response(self.responses_store, params, prompt, final, events.answer)
+        for name, event in events.finish(final):
             yield r.sse_event(name, event)
+
+    async def retrieve_response(self, request: Request) -> Response:
+        rid = request.path_params["response_id"]
+        return json_response(ra.stored_response(self.responses_store, rid).response)
+
+    async def delete_response(self, request: Request) -> Response:
+        rid = request.path_params["response_id"]
+        if not self.responses_store.delete(rid):
+            raise ResponseNotFound(rid)
+        return json_response(ra.deleted_response(rid))
+
+    async def response_input_items(self, request: Request) -> Response:
+        rid = request.path_params["response_id"]
+        return json_response(ra.input_items(rid, ra.stored_response(self.responses_store, rid)))
 
     # -- Anthropic messages -------------------------------------------------------------
 
@@ -352,9 +377,11 @@ def build_app(engine: SimEngine, served_models: list[str] | None = None) -> Fast
         "/health": api.health,
         "/version": api.version,
         "/metrics": api.metrics,
+        "/v1/responses/{response_id}": _guard(api.retrieve_response),
+        "/v1/responses/{response_id}/input_items": _guard(api.response_input_items),
     }
-    for path, handler in post.items():
-        app.add_api_route(path, handler, methods=["POST"], include_in_schema=False)
-    for path, handler in get.items():
-        app.add_api_route(path, handler, methods=["GET"], include_in_schema=False)
+    delete = {"/v1/responses/{response_id}": _guard(api.delete_response)}
+    for method, routes in (("POST", post), ("GET", get), ("DELETE", delete)):
+        for path, handler in routes.items():
+            app.add_api_route(path, handler, methods=[method], include_in_schema=False)
     return app

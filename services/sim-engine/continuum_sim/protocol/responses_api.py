@@ -9,6 +9,10 @@ continues it as vLLM does: its prompt is its own `instructions` (a system messag
 stored conversation (with the system messages of the requests it continued: vLLM keeps them),
 then its own input. An id this engine does not hold gets 404 `response_not_found`; a client can
 always send the whole conversation in `input` instead.
+
+A stored response can also be retrieved (`GET /v1/responses/{id}`: the response object as its
+client received it), listed (`GET /v1/responses/{id}/input_items`: its prompt's messages as
+message items) and deleted (`DELETE /v1/responses/{id}`); the shapes are built here.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from continuum_common.hashing.responses_input import ResponsesInputError, respon
 from continuum_sim.errors import InvalidRequest, ResponseNotFound
 from continuum_sim.protocol.chat_template import ChatMessage, parse_messages
 from continuum_sim.protocol.requests import bool_field, cache_salt_field, int_field, resolve_model
-from continuum_sim.protocol.response_store import Conversation, ResponseStore
+from continuum_sim.protocol.response_store import Conversation, ResponseStore, StoredResponse
 from continuum_sim.protocol.responses import new_id, now
 
 
@@ -80,8 +84,8 @@ def prompt_messages(body: Mapping[str, Any], params: ResponsesParams, store: Res
     if params.previous_response_id is not None:
         found = store.get(params.previous_response_id)
         if found is None:
-            raise ResponseNotFound(params.previous_response_id)
-        history = found
+            raise ResponseNotFound(params.previous_response_id, param="previous_response_id")
+        history = found.conversation
     conversation = (*system, *history, *turn)
     if not conversation:
         raise InvalidRequest("'input' must not be empty", param="input")
@@ -96,10 +100,45 @@ def _chat_messages(part: Mapping[str, Any]) -> list[ChatMessage]:
     return parse_messages(messages) if messages else []
 
 
-def store_response(store: ResponseStore, params: ResponsesParams, rid: str, prompt: ResponsesPrompt, text: str) -> None:
-    """Keep a finished response (completed or incomplete) under the id its client received."""
+def store_response(
+    store: ResponseStore, params: ResponsesParams, prompt: ResponsesPrompt, response: Mapping[str, Any], text: str
+) -> None:
+    """Keep a finished response (completed or incomplete) under the id its client received:
+    the conversation with the answer `text`, and the final `response` object as sent."""
     if params.store:
-        store.put(rid, prompt.answered(text))
+        store.put(response["id"], prompt.answered(text), response)
+
+
+def stored_response(store: ResponseStore, response_id: str) -> StoredResponse:
+    """The stored response a `/v1/responses/{id}` path names; 404 (`param` null) when unknown."""
+    found = store.get(response_id)
+    if found is None:
+        raise ResponseNotFound(response_id)
+    return found
+
+
+def deleted_response(response_id: str) -> dict[str, Any]:
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def input_item(item_id: str, message: ChatMessage) -> dict[str, Any]:
+    """A prompt message as a Responses message item: the answers of earlier turns (assistant)
+    carry `output_text`, every other role `input_text`. The store keeps text only, so tool calls
+    and array contents come back as the text the template rendered."""
+    part: dict[str, Any] = {"type": "input_text", "text": message.content}
+    if message.role == "assistant":
+        part = {"type": "output_text", "text": message.content, "annotations": []}
+    return {"type": "message", "id": item_id, "status": "completed", "role": message.role, "content": [part]}
+
+
+def input_items(response_id: str, stored: StoredResponse) -> dict[str, Any]:
+    """The list page of `GET /v1/responses/{id}/input_items`: the prompt's messages in order, in
+    one page. The store keeps no item ids, so they are made from the response id and position:
+    the same on every call."""
+    base = response_id.removeprefix("resp_")
+    data = [input_item(f"msg_{base}_{index}", m) for index, m in enumerate(stored.input_messages)]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": False}
 
 
 def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -184,14 +223,19 @@ class ResponseEvents:
             "response.output_text.delta", item_id=self.mid, output_index=0, content_index=0, delta=text, logprobs=[]
         )
 
-    def finish(self, usage_body: dict[str, Any], finish_reason: str) -> list[tuple[str, dict[str, Any]]]:
-        text = self.answer
-        item = output_message(self.mid, text, "completed")
-        part = item["content"][0]
-        final = response_object(
+    def final_response(self, usage_body: dict[str, Any], finish_reason: str) -> dict[str, Any]:
+        """The response object of the last event (`response.completed` or `.incomplete`)."""
+        item = output_message(self.mid, self.answer, "completed")
+        return response_object(
             self.rid, self.params, self.created, status="completed", output=[item], usage_body=usage_body,
             finish_reason=finish_reason,
         )  # fmt: skip
+
+    def finish(self, final: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """The closing events, ending with `final` (from `final_response`)."""
+        text = self.answer
+        item = final["output"][0]
+        part = item["content"][0]
         where = {"item_id": self.mid, "output_index": 0, "content_index": 0}
         return [
             self._event("response.output_text.done", **where, text=text, logprobs=[]),
