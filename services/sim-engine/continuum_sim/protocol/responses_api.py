@@ -65,10 +65,13 @@ def responses_params(body: Mapping[str, Any], served: Sequence[str]) -> Response
 
 @dataclass(frozen=True)
 class ResponsesPrompt:
-    """What the chat template renders, and the part of it a stored response keeps."""
+    """What the chat template renders; stored with the answer appended."""
 
-    messages: list[ChatMessage]  # what the template renders; also what is stored
-    conversation: Conversation  # the same messages (stored with the answer appended)
+    conversation: Conversation
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        return list(self.conversation)
 
     def answered(self, text: str) -> Conversation:
         return (*self.conversation, ChatMessage("assistant", text))
@@ -89,7 +92,7 @@ def prompt_messages(body: Mapping[str, Any], params: ResponsesParams, store: Res
     conversation = (*system, *history, *turn)
     if not conversation:
         raise InvalidRequest("'input' must not be empty", param="input")
-    return ResponsesPrompt(list(conversation), conversation)
+    return ResponsesPrompt(conversation)
 
 
 def _chat_messages(part: Mapping[str, Any]) -> list[ChatMessage]:
