@@ -252,12 +252,8 @@ class Forwarder:
             await self._server_error(response, backend)
         backend.record_success(self.clock() - start)
         translator = dialect.translator(state.api, state.stream)
-        # A backend that speaks the Responses API itself (no translator) made the response id.
-        if self.affinity is not None and state.api is Api.RESPONSES and response.status < 300 and translator is None:
-            if first is not None:
-                self.affinity.learn_stream(backend.name, first.first)
-            elif preread is not None:
-                self.affinity.learn_body(backend.name, preread)
+        if first is not None and self.affinity is not None and _makes_response_ids(state, response, translator):
+            self.affinity.learn_stream(backend.name, first.first)
         recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status is CacheStatus.MISS else None
         if first is not None:
             response.read_timeout = min(response.read_timeout, spec.stream_idle_timeout_ms / 1000)
@@ -473,13 +469,8 @@ class Forwarder:
     ) -> None:
         if data is None:
             data = await self._read(response, backend)
-            if (
-                self.affinity is not None
-                and state.api is Api.RESPONSES
-                and response.status < 300
-                and translator is None
-            ):
-                self.affinity.learn_body(backend.name, data)
+        if self.affinity is not None and _makes_response_ids(state, response, translator):
+            self.affinity.learn_body(backend.name, data)
         if translator is not None:
             data = translator.body(data)
         status = response.status
@@ -542,6 +533,12 @@ class Forwarder:
         self.metrics.backend(backend.name, "success")
         if recorder is not None:
             await recorder.commit(response.status, _text_headers(response.headers))
+
+
+def _makes_response_ids(state: RequestState, response: UpstreamResponse, translator: ResponseTranslator | None) -> bool:
+    """A successful Responses answer from a backend that speaks the Responses API itself (no
+    translator): it made the response id the client will continue from."""
+    return state.api is Api.RESPONSES and response.status < 300 and translator is None
 
 
 class _FirstChunk:
