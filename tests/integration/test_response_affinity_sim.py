@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import httpx
 import openai
 import pytest
 import pytest_asyncio
 
 from continuum_common.procs import NatsServer
+from continuum_ingress.stored_responses import MAX_CANCEL_BODY
 from continuum_sim import SimFleet
 from continuum_testing.ingress_harness import running_ingress
 
@@ -178,3 +180,12 @@ async def test_retrieve_list_and_delete_reach_the_engine_that_stored_it(fleet: S
             await a.responses.create(model=model, input="next", previous_response_id=created.id, max_output_tokens=8)
         await a.close()
         await b.close()
+
+
+async def test_a_cancel_with_a_body_past_the_limit_is_refused_unread(fleet: SimFleet) -> None:
+    async with running_ingress(_config(fleet)) as ing, httpx.AsyncClient(base_url=ing.url, timeout=10) as http:
+        refused = await http.post("/v1/responses/resp_x/cancel", content=b"x" * (MAX_CANCEL_BODY + 1))
+        assert refused.status_code == 413 and refused.json()["error"]["message"] == "A cancel request carries no body."
+        # The simulator has no cancel route: its own 404 does not name the id, so it is relayed.
+        relayed = await http.post("/v1/responses/resp_x/cancel")
+        assert relayed.status_code == 404 and relayed.headers["x-continuum-backend"].startswith("sim-")

@@ -75,6 +75,14 @@ class ResponseAffinity:
     def count(self, outcome: str) -> None:
         self._counts[outcome].inc()
 
+    def owner(self, response_id: str) -> str | None:
+        """The backend that produced `response_id`, when it is remembered here."""
+        return self.owners.owner(response_id, self.clock())
+
+    def remember(self, response_id: str, backend: str) -> None:
+        """`backend` holds `response_id` (it answered a request about it)."""
+        self.owners.remember(response_id, backend, self.clock())
+
     def reload(self, config: RouterConfig) -> None:
         section = config.response_affinity
         self.owners.resize(section.max_entries, section.ttl)
@@ -87,7 +95,7 @@ class ResponseAffinity:
         previous = previous_response_id(state.request)
         if previous is None or not config.enabled:
             return None
-        owner = self.owners.owner(previous, self.clock())
+        owner = self.owner(previous)
         if owner is None:
             if not state.attempts:  # counted once per request, not per retry
                 self.count("unknown")

@@ -66,8 +66,8 @@ class StoredResponses:
     async def handle(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
         info = read_headers(request.headers.raw)
-        body = await request.body() if request.method == "POST" else b""
-        if len(body) > MAX_CANCEL_BODY:
+        body = await _capped_body(request, MAX_CANCEL_BODY) if request.method == "POST" else b""
+        if body is None:
             return _error(RequestError(413, "A cancel request carries no body.", kind="too_large"), info.request_id)
         snapshot = self.holder.acquire()
         try:
@@ -93,12 +93,11 @@ class StoredResponses:
         routed = [n for names in snapshot.routes[Api.RESPONSES].values() for n in names]
         every = dict.fromkeys([*routed, *snapshot.wildcard[Api.RESPONSES]])  # configuration order, once
         names = [name for name in every if self._eligible(snapshot, name, now)]
-        owner = self.affinity.owners.owner(response_id, now) if settings.enabled else None
+        owner = self.affinity.owner(response_id) if settings.enabled else None
         if owner is not None and owner in names:
             self.affinity.count("owner")
-            names.remove(owner)
             return [owner]  # it holds the response: another backend could only say 404
-        self.affinity.count("unknown")
+        self.affinity.count("unknown" if owner is None else "owner_unavailable")
         return names[: settings.max_probes] if settings.probe else names[:1]
 
     def _eligible(self, snapshot: RouterSnapshot, name: str, now: float) -> bool:
@@ -145,8 +144,20 @@ class StoredResponses:
             self.affinity.count("probed")
             return None
         if upstream.status < 300 and request.method != "DELETE":
-            self.affinity.owners.remember(response_id, name, self.clock())
+            self.affinity.remember(response_id, name)
         return Response(data, status_code=upstream.status, headers=_text(relayed))
+
+
+async def _capped_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None as soon as it is longer than `limit` (read no further)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def is_event_stream(upstream: UpstreamResponse) -> bool:
