@@ -5,8 +5,8 @@ PASS or FAIL with what was seen:
 
 1. build the image (once, by the `ingress` service) and bring the stack up;
 2. traffic through the balancer: every request answered, every ingress replica serves;
-3. the Redis Cluster and the JetStream cluster (R3 stream and heartbeat bucket) formed, every
-   listener heartbeat arrives, the KV index fills, no NATS permission violation;
+3. the Redis Cluster and the JetStream cluster (every NATS node in the meta group, R3 stream and
+   heartbeat bucket) formed, every listener heartbeat arrives, the KV index fills, no NATS permission violation;
 4. Prometheus scrapes every target; every Grafana panel query returns data;
 5. a SIGHUP reloads NATS; the `gemini` profile starts gemini-cache and its target;
 6. no container restarted;
@@ -17,7 +17,9 @@ PASS or FAIL with what was seen:
    and every replica serves and both clusters are whole again within a deadline.
 
 Standard library only; every call has a timeout. The stack is torn down (`down -v`) at the
-end unless --keep.
+end unless --keep. `--nats-starts N` checks only the NATS cluster's first start, N times
+(scripts/compose_smoke_nats.py). With `--offline` a NATS image the local engine lacks is built
+from the offline stand-in first.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from compose_smoke_checks import (
     targets_up,
     violations,
 )
+from compose_smoke_nats import ensure_offline_nats, fresh_starts, meta_group
 from compose_smoke_stack import COMPOSE_DIR, Report, Stack, flows, traffic, wait_for
 
 
@@ -203,6 +206,7 @@ def run_checks(smoke: Smoke) -> None:
     )  # fmt: skip
     smoke.check("every ingress replica serves", lambda: every_replica_serves(stack, http))
     smoke.check("Redis Cluster formed", lambda: redis_cluster_ok(stack))
+    smoke.check("JetStream meta group of 3", lambda: meta_group(stack))
     smoke.check("JetStream cluster formed (R3)", lambda: jetstream_ok(stack))
     smoke.check("indexers ready", lambda: indexers_ready(stack))
     smoke.check("KV index fills", lambda: kv_index_fills(stack, http))
@@ -242,6 +246,12 @@ def run_disturbances(smoke: Smoke) -> None:
     smoke.disturb("stop/start", stop_start)
 
 
+def timed(action: Callable[[], tuple[bool, str]]) -> tuple[bool, str, float]:
+    started = time.monotonic()
+    ok, detail = action()
+    return ok, detail, time.monotonic() - started
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -258,6 +268,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="leave the stack running (default: down -v at the end)")
     p.add_argument("--deadline", type=float, default=90.0, help="seconds each check may take to hold (default 90)")
     p.add_argument("--requests", type=int, default=60, help="requests of the first traffic check (default 60)")
+    p.add_argument(
+        "--nats-starts", type=int, default=0, metavar="N",
+        help="instead of the whole stack: start the three NATS services N times on empty volumes and check "
+        "that every node joins the JetStream meta group",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -291,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     smoke = Smoke(stack, Report(), http_port, prom_port, args.deadline, args.requests)
     started = time.monotonic()
     print(f"compose-smoke: project {args.project}, balancer :{http_port}, Prometheus :{prom_port}", flush=True)
+    if args.offline and not smoke.report.add("offline NATS image", *timed(partial(ensure_offline_nats, stack))):
+        return 1
+    if args.nats_starts:
+        starts = fresh_starts(stack, args.nats_starts, args.deadline)
+        left_out = sum(1 for _, ok, _, _ in starts.results if not ok)
+        print(f"compose-smoke: {left_out} of {args.nats_starts} fresh NATS starts left a node out of the meta group")
+        return 0 if starts.passed else 1
     with teardown(stack, args.keep):
         if bring_up(smoke, not args.no_build):
             run_checks(smoke)
