@@ -174,9 +174,8 @@ def test_nats_conf_is_accepted_by_nats_server(tmp_path: Path) -> None:
     env = {"NATS_SERVER_NAME": "nats-1", "NATS_ROUTER_PASSWORD": "krouter", "NATS_LISTENER_PASSWORD": "klistener"}
     conf = tmp_path / "nats.conf"
     conf.write_text((COMPOSE / "config" / "nats.conf").read_text().replace("/data", str(tmp_path / "data")))
-    result = subprocess.run(
-        [find_binary("nats-server"), "-t", "-c", str(conf)], env=env, capture_output=True, text=True, timeout=30, check=False
-    )
+    command = [find_binary("nats-server"), "-t", "-c", str(conf)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 0, result.stderr[-500:]
     assert "configuration file" in (result.stdout + result.stderr).lower()
 
