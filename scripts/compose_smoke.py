@@ -246,12 +246,6 @@ def run_disturbances(smoke: Smoke) -> None:
     smoke.disturb("stop/start", stop_start)
 
 
-def timed(action: Callable[[], tuple[bool, str]]) -> tuple[bool, str, float]:
-    started = time.monotonic()
-    ok, detail = action()
-    return ok, detail, time.monotonic() - started
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -306,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     smoke = Smoke(stack, Report(), http_port, prom_port, args.deadline, args.requests)
     started = time.monotonic()
     print(f"compose-smoke: project {args.project}, balancer :{http_port}, Prometheus :{prom_port}", flush=True)
-    if args.offline and not smoke.report.add("offline NATS image", *timed(partial(ensure_offline_nats, stack))):
+    if args.offline and not smoke.check("offline NATS image", partial(ensure_offline_nats, stack), deadline=0):
         return 1
     if args.nats_starts:
         starts = fresh_starts(stack, args.nats_starts, args.deadline)

