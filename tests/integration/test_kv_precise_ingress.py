@@ -188,3 +188,35 @@ async def test_the_tokenizer_audit_turns_precise_matching_off_when_the_engine_di
         await c.post("/v1/chat/completions", json=chat([{"role": "user", "content": "x " * 100}]))
         await eventually(lambda: sample(ing, "continuum_kv_tokenizer_audits_total", group="fleet", result="error") >= 1)
         assert kv.selector.groups["fleet"].precise_disabled is None
+
+
+async def test_a_new_prompt_goes_to_the_least_busy_backend_unless_the_index_is_unreadable(
+    nats_server: NatsServer, tokenizer_files: TokenizerFiles
+) -> None:
+    async with (
+        running_stubs("a", "b", "c") as stubs,
+        ingress(config(stubs, nats_server.url, tokenizer_files)) as (ing, c),
+    ):
+
+        async def new_prompt(i: int) -> str:
+            body = chat([{"role": "user", "content": f"Document {i}: " + f"paragraph {i} " * 200}])
+            r = await c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200
+            return r.headers["x-continuum-backend"]
+
+        # nothing is held of any of these: each goes where the least new work went recently,
+        # and the three new prompts (equal in size) land on three backends
+        homes = [await new_prompt(i) for i in range(3)]
+        assert sorted(homes) == ["a", "b", "c"]
+        decisions = "continuum_kv_index_routing_decisions_total"
+        assert sample(ing, decisions, decision="placed", tier="none") == 3
+        assert sample(ing, decisions, decision="fallback", tier="none") == 0
+        # The block index cannot be read (here: not open): nothing is known of a new prompt,
+        # and the configured strategy picks, counted as a fallback and a read error.
+        assert ing.app.kv is not None
+        ing.app.kv.block_reads.index = None
+        for i in range(3, 5):
+            await new_prompt(i)
+        assert sample(ing, decisions, decision="fallback", tier="none") == 2
+        assert sample(ing, decisions, decision="placed", tier="none") == 3
+        assert sample(ing, "continuum_kv_block_index_read_errors_total") == 2

@@ -105,7 +105,8 @@ async def test_new_conversations_spread_and_each_sticks(nats_server: NatsServer)
             sample(ing, "continuum_kv_index_routing_decisions_total", decision="placed", tier=t)
             for t in ("gpu_hot", "none")
         )
-        assert placed == 5  # the first went by the strategy: nothing was held anywhere yet
+        assert placed == 6  # the first too: nothing was held anywhere, so the least busy
+        assert sample(ing, "continuum_kv_index_routing_decisions_total", decision="fallback", tier="none") == 0
         # placing the second and third away from the system prompt's only holder gives up its
         # cached head for balance, and is counted as such
         moves = sample(ing, "continuum_kv_affinity_moves_total", reason="placed")

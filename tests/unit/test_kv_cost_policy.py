@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,8 +29,35 @@ def loads(*in_flight: int, queued: tuple[int, ...] = ()) -> list[CandidateLoad]:
     return [CandidateLoad(f"b{i}", n, q[i]) for i, n in enumerate(in_flight)]
 
 
-def test_nothing_held_anywhere_declines() -> None:
-    assert choose_by_cost(1000, loads(0, 0), {}, P) is None
+def test_nothing_held_anywhere_is_placed_by_recent_demand() -> None:
+    # A new prefix (a document or system prompt no backend holds) goes where the least new
+    # work went recently, per unit of weight, not where its hash points.
+    cands = [
+        CandidateLoad("b0", 0, demand=9000),
+        CandidateLoad("b1", 0, demand=4000),
+        CandidateLoad("b2", 0, demand=7000),
+    ]
+    choice = choose_by_cost(1000, cands, {}, P)
+    assert choice is not None and choice.backend == "b1" and choice.placed and choice.moved is None
+    assert choice.tier is HoldingTier.NONE and choice.held_tokens == 0 and choice.new_tokens == 1000
+    cands[0] = CandidateLoad("b0", 0, demand=9000, weight=4)  # 2,250 per unit of weight
+    choice = choose_by_cost(1000, cands, {}, P)
+    assert choice is not None and choice.backend == "b0"
+    # over the load bound (without its slack) a backend takes no new prefix, however idle
+    # (ε 1.0, 2 + 0 + 0 + 0 in flight: ceil(2 x 3 / 4) = 2, plus one request of slack)
+    cands = [CandidateLoad("b0", 2, demand=0), *(CandidateLoad(f"b{i}", 0, demand=4000 + i) for i in (1, 2, 3))]
+    assert load_bound(cands, 1.0, 1) == 3
+    choice = choose_by_cost(1000, cands, {}, CostParams(epsilon=1.0, bound_slack=1))
+    assert choice is not None and choice.backend == "b1"
+
+
+def test_nothing_held_anywhere_declines_when_asked_to() -> None:
+    # place_new_prefixes off, the caller's index read failed, or an empty prompt: the
+    # configured strategy picks.
+    assert choose_by_cost(1000, loads(0, 0), {}, replace(P, place_new_prefixes=False)) is None
+    assert choose_by_cost(1000, loads(0, 0), {}, P, place_unheld=False) is None
+    assert choose_by_cost(0, loads(0, 0), {}, P) is None
+    assert choose_by_cost(1000, [], {}, P) is None
     assert choose_by_seed(1000, loads(0, 0), {}, Weights()) is None
 
 
@@ -212,8 +241,6 @@ def test_the_bound_slack_keeps_a_home_that_is_one_request_busier() -> None:
 def test_the_miss_penalty_and_the_placement_penalty_are_separate() -> None:
     """The miss penalty decides when a queue moves a conversation off its home; the placement
     penalty how strongly new work follows what a candidate holds. One does not move the other."""
-    from dataclasses import replace
-
     # b1 holds 8,000 of 10,000 tokens but has 40,000 prefill tokens queued; b0 holds nothing.
     held = {"b1": Held(8000, 8000)}
     cands = loads(1, 1, queued=(0, 40_000))
@@ -221,17 +248,16 @@ def test_the_miss_penalty_and_the_placement_penalty_are_separate() -> None:
     assert low is not None and low.backend == "b0" and low.moved == "cost"  # 10,000 x 4 < 40,000 + 2,000 x 4
     high = choose_by_cost(10_000, cands, held, replace(P, miss_penalty=10.0, placement_miss_penalty=3.0))
     assert high is not None and high.backend == "b1" and high.moved is None  # 10,000 x 11 > 40,000 + 2,000 x 11
-    # A conversation start: b0 holds its 1,000-token system prompt but took 6,000 more tokens
-    # of new work recently than b1. Placement weighs (1 + placement penalty) x 1,000 against it.
-    held = {"b0": Held(1000, 1000)}
-    cands = [CandidateLoad("b0", 0, demand=16_000), CandidateLoad("b1", 0, demand=10_000)]
+    # New work (a turn with a long paste: b0 holds 2,000 of its 10,000 tokens) that b0 took
+    # 12,000 more tokens of recently than b1. Placement weighs (1 + placement penalty) x 2,000
+    # against that, whatever the miss penalty.
+    held = {"b0": Held(2000, 2000)}
+    cands = [CandidateLoad("b0", 0, demand=22_000), CandidateLoad("b1", 0, demand=10_000)]
     for miss in (3.0, 10.0):
-        spread = choose_by_cost(
-            1080, cands, held, replace(P, miss_penalty=miss, placement_miss_penalty=3.0), start=True
-        )
-        assert spread is not None and spread.backend == "b1"  # 16,000 + 4 x 80 > 10,000 + 4 x 1,080
-    kept = choose_by_cost(1080, cands, held, replace(P, placement_miss_penalty=10.0), start=True)
-    assert kept is not None and kept.backend == "b0"  # 16,000 + 11 x 80 < 10,000 + 11 x 1,080
+        spread = choose_by_cost(10_000, cands, held, replace(P, miss_penalty=miss, placement_miss_penalty=3.0))
+        assert spread is not None and spread.backend == "b1"  # 22,000 + 4 x 8,000 > 10,000 + 4 x 10,000
+    kept = choose_by_cost(10_000, cands, held, replace(P, placement_miss_penalty=10.0))
+    assert kept is not None and kept.backend == "b0"  # 22,000 + 11 x 8,000 < 10,000 + 11 x 10,000
 
 
 def test_new_work_leaves_the_slack_to_conversations_already_home() -> None:
@@ -257,3 +283,62 @@ def test_new_work_leaves_the_slack_to_conversations_already_home() -> None:
     cands[0] = CandidateLoad("b0", 0, demand=0)
     placed = choose_by_cost(5000, cands, system, params, start=True)
     assert placed is not None and placed.placed and placed.backend == "b0"
+
+
+def test_a_start_stays_with_its_documents_holder_within_the_tolerance() -> None:
+    # Every request opens a conversation on a 3,000-token document b0 holds. b0 took more new
+    # work than the others recently; the mean is 10,000 tokens, so with the defaults (25%, or
+    # 1,000 tokens) b0 keeps the document's requests until its demand passes 12,500.
+    held = {"b0": Held(3000, 3000)}
+
+    def cands(b0: float) -> list[CandidateLoad]:
+        rest = (40_000 - b0) / 3
+        return [CandidateLoad("b0", 0, demand=b0), *(CandidateLoad(f"b{i}", 0, demand=rest) for i in (1, 2, 3))]
+
+    kept = choose_by_cost(3030, cands(12_400), held, P, start=True)
+    assert kept is not None and kept.backend == "b0" and kept.placed and kept.moved is None
+    assert kept.held_tokens == 3000 and kept.new_tokens == 30
+    # Beyond it, a second copy goes to the least busy backend: its placement no longer weighs
+    # the document b0 holds.
+    copied = choose_by_cost(3030, cands(13_000), held, P, start=True)
+    assert copied is not None and copied.backend != "b0" and copied.moved == "placed" and copied.held_tokens == 0
+    # At low demand the absolute tolerance decides: mean 1,000, b0 at 1,900 (190%) stays.
+    kept = choose_by_cost(3030, cands(1_900) [:1] + [CandidateLoad(f"b{i}", 0, demand=700) for i in (1, 2, 3)],
+                          held, P, start=True)  # fmt: skip
+    assert kept is not None and kept.backend == "b0"
+    # Without tolerance the holder keeps only what is at or below the mean.
+    strict = replace(P, placement_tolerance=0.0, placement_tolerance_tokens=0.0)
+    copied = choose_by_cost(3030, cands(10_500), held, strict, start=True)
+    assert copied is not None and copied.backend != "b0"
+
+
+def test_a_start_picks_the_least_busy_of_several_holders() -> None:
+    held = {"b0": Held(3000, 3000), "b2": Held(3000, 3000), "b1": Held(500, 500)}
+    cands = [
+        CandidateLoad("b0", 0, demand=11_000),
+        CandidateLoad("b1", 0, demand=1_000),
+        CandidateLoad("b2", 0, demand=9_000),
+        CandidateLoad("b3", 0, demand=15_000),
+    ]
+    choice = choose_by_cost(3030, cands, held, P, start=True)
+    assert choice is not None and choice.backend == "b2" and choice.moved is None
+
+
+def test_a_start_whose_holder_is_at_the_bound_goes_elsewhere() -> None:
+    # b0 holds the document and is within the tolerance, but has 4 requests in flight: with
+    # ε 1.0 and one request of slack the bound is ceil(2 x 6 / 4) + 1 = 4.
+    held = {"b0": Held(3000, 3000)}
+    cands = [CandidateLoad("b0", 4, demand=1000), *(CandidateLoad(f"b{i}", 0, demand=1000) for i in (1, 2, 3))]
+    choice = choose_by_cost(3030, cands, held, CostParams(epsilon=1.0, bound_slack=1), start=True)
+    assert choice is not None and choice.backend != "b0" and choice.moved == "bound"
+
+
+def test_only_starts_use_the_tolerance() -> None:
+    # The same request as a later turn (not a start) is decided by the cost model: b0 holds
+    # nearly all of it and is kept however busy its recent demand, below the load bound.
+    held = {"b0": Held(3000, 3000)}
+    cands = [CandidateLoad("b0", 0, demand=90_000), *(CandidateLoad(f"b{i}", 0, demand=1000) for i in (1, 2, 3))]
+    turn = choose_by_cost(3030, cands, held, P)
+    assert turn is not None and turn.backend == "b0" and not turn.placed
+    start = choose_by_cost(3030, cands, held, P, start=True)
+    assert start is not None and start.backend != "b0"

@@ -4,7 +4,8 @@
 turns off the placement of conversation starts, `noload` the shared load view between replicas,
 `slack<n>` sets `load_bound_slack`, `req<n>` `placement_request_tokens`, `nomemory` turns off
 the remembered tokenizations (`tokenize_memory_blocks: 0`), `known<n>` sets the smallest
-remembered part used (`tokenize_memory_min_tokens`). `pen<n>` sets only
+remembered part used (`tokenize_memory_min_tokens`), `tol<δ>` `placement_tolerance`, `hashnew` turns off
+`place_new_prefixes` (the strategy places prompts nobody holds). `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
 
@@ -94,3 +95,17 @@ for _min in (0, 128, 256, 512):
                 _name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_memory_min_tokens", _min),)
             ),
         )
+
+# How far a conversation start's holder may be busier than the mean before its prefix is
+# copied elsewhere (placement_tolerance), with one or two requests of slack.
+for _tol in (0.0, 0.15, 0.25, 0.5):
+    for _slack in (1, 2):
+        _name = f"continuum-kv-precise-tol{_tol:g}" + ("-slack2" if _slack == 2 else "")
+        _tolerance: tuple[tuple[str, float | bool], ...] = (("placement_tolerance", _tol), ("load_bound_slack", _slack))
+        register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=_tolerance))
+
+# Prompts nobody holds go to the configured strategy (PrefixAwareHash) instead of the least busy.
+register_stack(
+    "continuum-kv-precise-hashnew",
+    KvStack("continuum-kv-precise-hashnew", "memory", "precise", "blocks", cost=(("place_new_prefixes", False),)),
+)

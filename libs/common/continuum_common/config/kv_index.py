@@ -45,6 +45,18 @@ class CostModel(Section):
     # The first turn of a chat conversation (no earlier answer in its messages) is new work
     # too, whatever it holds: its backend is where every later turn goes.
     place_conversation_starts: bool = True
+    # ...but one that holds most of its prompt somewhere (a long shared document or system
+    # prompt) stays with that holder while the holder's recent demand is at most
+    # (1 + placement_tolerance) x the mean, or placement_tolerance_tokens above it, whichever
+    # is more; beyond that it is copied to the least busy backend. A copy costs a full prefill
+    # and cache space on every backend that holds it; balance comes first from where new
+    # prefixes go.
+    placement_tolerance: float = Field(0.25, ge=0.0, le=10.0)
+    placement_tolerance_tokens: float = Field(1000.0, ge=0.0, le=1e9)
+    # A prompt no backend holds any of (a new document or system prompt) goes to the backend
+    # with the least recent demand. False: the configured selection_strategy picks it (on
+    # PrefixAwareHash, by the hash of its prefix, whatever the backend's load).
+    place_new_prefixes: bool = True
     # In that measure every request routed also counts as this many new prompt tokens: a backend
     # whose requests all hit its cache still decodes them and takes their slots, and without it
     # would look idle and attract every new conversation.

@@ -72,6 +72,8 @@ class _Plan:
     legacy: bool = False
     # precise mode: leading blocks of the chain the block index confirms, per backend
     indexed: dict[str, int] = field(default_factory=dict)
+    # the block index could not be read: a prompt nothing is known of goes to the strategy
+    index_failed: bool = False
 
 
 class KvSelector:
@@ -151,7 +153,15 @@ class KvSelector:
         if self.model == "seed":
             return choose_by_seed(plan.prompt_tokens, loads, plan.held, self.weights)
         start = self.place_starts and conversation_start(state.request)
-        choice = choose_by_cost(plan.prompt_tokens, loads, plan.held, self.params, _tie_key(plan.keys), start=start)
+        choice = choose_by_cost(
+            plan.prompt_tokens,
+            loads,
+            plan.held,
+            self.params,
+            _tie_key(plan.keys),
+            start=start,
+            place_unheld=not plan.index_failed,
+        )
         if choice is not None and choice.moved is not None:
             self.metrics.affinity_moves.labels(choice.moved).inc()
         return choice
@@ -222,6 +232,7 @@ class KvSelector:
             matches = await self.block_reads.match(keys.chain, names)
         except KvIndexError:
             self.metrics.block_read_errors.inc()
+            plan.index_failed = True
             matches = {}
         for backend in names:
             m = matches.get(backend)

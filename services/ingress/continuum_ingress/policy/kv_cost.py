@@ -90,6 +90,9 @@ class CostParams:
     miss_penalty: float = 30.0
     bound_slack: int = 0
     placement_miss_penalty: float = 3.0
+    placement_tolerance: float = 0.25
+    placement_tolerance_tokens: float = 1000.0
+    place_new_prefixes: bool = True
 
     @classmethod
     def from_config(cls, cfg: CostModel, default_epsilon: float) -> CostParams:
@@ -102,6 +105,9 @@ class CostParams:
             miss_penalty=cfg.miss_penalty,
             bound_slack=cfg.load_bound_slack,
             placement_miss_penalty=cfg.placement_miss_penalty,
+            placement_tolerance=cfg.placement_tolerance,
+            placement_tolerance_tokens=cfg.placement_tolerance_tokens,
+            place_new_prefixes=cfg.place_new_prefixes,
         )
 
 
@@ -165,25 +171,24 @@ def choose_by_cost(
     tie_key: int = 0,
     *,
     start: bool = False,
+    place_unheld: bool = True,
 ) -> KvChoice | None:
     """The candidate with the lowest estimated time to first token under the load bound.
-    `start`: the request opens a conversation (placed as new work whatever it holds)."""
-    if not candidates or not any(held.get(c.name, NOTHING).any_tokens > 0 for c in candidates):
+    `start`: the request opens a conversation (placed as new work whatever it holds).
+    `place_unheld`: a prompt nobody holds any of is placed as new work (with
+    `params.place_new_prefixes`); otherwise, or without candidates, the result is None."""
+    if not candidates:
         return None
-    bound = load_bound(candidates, params.epsilon, params.bound_slack)
-    eligible = [c for c in candidates if c.in_flight < bound] or list(candidates)
+    if not any(held.get(c.name, NOTHING).any_tokens > 0 for c in candidates):
+        if prompt_tokens <= 0 or not (place_unheld and params.place_new_prefixes):
+            return None
+        return _new_work(prompt_tokens, candidates, held, params, tie_key, start=start)
     most = max(min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates)
     affine = most >= params.affinity_threshold * prompt_tokens
     if prompt_tokens > 0 and (start or not affine):
-        # The slack is room for cache affinity: work that holds little of its prompt anywhere is
-        # placed under the bound without it, so a burst of new conversations cannot fill a
-        # backend to the point where the next turn of one it already serves has to leave its
-        # history behind. (A conversation start that holds most of its prompt, a long shared
-        # document, has affinity and keeps the slack.)
-        strict = bound if affine else bound - params.bound_slack
-        room = [c for c in eligible if c.in_flight < strict] or eligible
-        placed = _place(prompt_tokens, room, held, params, tie_key)
-        return replace(placed, moved=_moved(prompt_tokens, placed.backend, candidates, eligible, held, reason="placed"))
+        return _new_work(prompt_tokens, candidates, held, params, tie_key, start=start)
+    bound = load_bound(candidates, params.epsilon, params.bound_slack)
+    eligible = [c for c in candidates if c.in_flight < bound] or list(candidates)
     rate = params.prefill_tokens_per_second
     best: tuple[float, int, CandidateLoad, float] | None = None
     n = len(eligible)
@@ -209,6 +214,76 @@ def choose_by_cost(
         held_tokens / prompt_tokens if prompt_tokens > 0 else 0.0,
         moved=_moved(prompt_tokens, chosen.name, candidates, eligible, held, reason="cost"),
     )
+
+
+def _new_work(
+    prompt_tokens: int,
+    candidates: Sequence[CandidateLoad],
+    held: dict[str, Held],
+    params: CostParams,
+    tie_key: int,
+    *,
+    start: bool,
+) -> KvChoice:
+    """Work that holds little of its prompt anywhere, or the start of a conversation."""
+    bound = load_bound(candidates, params.epsilon, params.bound_slack)
+    eligible = [c for c in candidates if c.in_flight < bound] or list(candidates)
+    depth = {c.name: min(held.get(c.name, NOTHING).any_tokens, prompt_tokens) for c in candidates}
+    most = max(depth.values())
+    affine = most > 0 and most >= params.affinity_threshold * prompt_tokens
+    # The slack is room for cache affinity: work that holds little of its prompt anywhere is
+    # placed under the bound without it, so a burst of new conversations cannot fill a backend
+    # to the point where the next turn of one it already serves has to leave its history
+    # behind. (A conversation start that holds most of its prompt, a long shared document, has
+    # affinity and keeps the slack.)
+    strict = bound if affine else bound - params.bound_slack
+    room = [c for c in eligible if c.in_flight < strict] or eligible
+    if start and affine:
+        kept = _stay_with_holder(
+            prompt_tokens, candidates, room, depth=depth, held=held, params=params, tie_key=tie_key
+        )
+        if kept is not None:
+            return kept
+        # Its holders are busier than the tolerance allows: a second copy goes elsewhere.
+        room = [c for c in room if depth[c.name] < most] or room
+    placed = _place(prompt_tokens, room, held, params, tie_key)
+    return replace(placed, moved=_moved(prompt_tokens, placed.backend, candidates, eligible, held, reason="placed"))
+
+
+def _stay_with_holder(
+    prompt_tokens: int,
+    candidates: Sequence[CandidateLoad],
+    room: Sequence[CandidateLoad],
+    *,
+    depth: dict[str, int],
+    held: dict[str, Held],
+    params: CostParams,
+    tie_key: int,
+) -> KvChoice | None:
+    """A conversation start that holds most of its prompt on some backends (a long shared
+    document or system prompt) stays with the least busy of them while its recent demand per
+    unit of weight is within `placement_tolerance` of the mean (or `placement_tolerance_tokens`
+    above it, whichever is more): a copy of a shared prefix on a second backend costs a full
+    prefill and cache space for good, while balance can come from where new prefixes go."""
+    most = max(depth.values())
+    total_weight = sum(max(c.weight, 1) for c in candidates)
+    mean = sum(c.demand for c in candidates) / total_weight
+    limit = max((1.0 + params.placement_tolerance) * mean, mean + params.placement_tolerance_tokens)
+    n = len(room)
+    best: tuple[float, int, CandidateLoad] | None = None
+    for i, c in enumerate(room):
+        share = c.demand / max(c.weight, 1)
+        if depth[c.name] < most or share > limit:
+            continue
+        rank = (i - tie_key) % n
+        if best is None or share < best[0] - 1e-9 or (abs(share - best[0]) <= 1e-9 and rank < best[1]):
+            best = (share, rank, c)
+    if best is None:
+        return None
+    chosen = best[2]
+    h = held.get(chosen.name, NOTHING)
+    fresh = round(new_tokens(prompt_tokens, h, params))
+    return KvChoice(chosen.name, 0.0, h.tier, most, fresh, False, most / prompt_tokens, placed=True)
 
 
 def _place(
