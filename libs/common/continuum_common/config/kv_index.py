@@ -51,8 +51,8 @@ class CostModel(Section):
     # is more; beyond that it is copied to the least busy backend. A copy costs a full prefill
     # and cache space on every backend that holds it; balance comes first from where new
     # prefixes go.
-    placement_tolerance: float = Field(0.25, ge=0.0, le=10.0)
-    placement_tolerance_tokens: float = Field(1000.0, ge=0.0, le=1e9)
+    placement_tolerance: float = Field(0.2, ge=0.0, le=10.0)
+    placement_tolerance_tokens: float = Field(4000.0, ge=0.0, le=1e9)
     # A prompt no backend holds any of (a new document or system prompt) goes to the backend
     # with the least recent demand. False: the configured selection_strategy picks it (on
     # PrefixAwareHash, by the hash of its prefix, whatever the backend's load).
@@ -71,7 +71,7 @@ class CostModel(Section):
     # Requests a backend may take beyond that bound for cache affinity: with a few requests in
     # flight the bound's rounding alone is 2 or 3, and a conversation whose home is one request
     # busier than the others would lose its history for a difference the engine barely feels.
-    load_bound_slack: int = Field(1, ge=0, le=1_000)
+    load_bound_slack: int = Field(2, ge=0, le=1_000)
 
 
 class Scoring(Section):

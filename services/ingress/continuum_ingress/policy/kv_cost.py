@@ -90,8 +90,8 @@ class CostParams:
     miss_penalty: float = 30.0
     bound_slack: int = 0
     placement_miss_penalty: float = 3.0
-    placement_tolerance: float = 0.25
-    placement_tolerance_tokens: float = 1000.0
+    placement_tolerance: float = 0.2
+    placement_tolerance_tokens: float = 4000.0
     place_new_prefixes: bool = True
 
     @classmethod
