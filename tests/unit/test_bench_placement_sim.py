@@ -82,4 +82,8 @@ def test_unknown_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         sim.make_policy("placement_tolerance=-1")
     with pytest.raises(SystemExit):
+        sim.make_policy("sticki")
+    with pytest.raises(SystemExit):
         sim.main(["--workloads", "trace"])
+    assert sim.parse_variant("demand-only,load_bound_slack=1") == ("demand-only", {"load_bound_slack": 1})
+    assert sim.parse_variant("place_new_prefixes=false") == ("default", {"place_new_prefixes": False})

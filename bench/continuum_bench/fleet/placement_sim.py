@@ -225,11 +225,31 @@ def demand_only_policy(params: K.CostParams) -> Policy:
     return decide
 
 
+KINDS = ("default", "sticky", "demand-only")
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
+    """`default` | `sticky` | `demand-only`, optionally with `key=value` overrides of
+    `kv_cache_index.scoring.cost` (comma-separated; values in JSON: 0.25, 4000, false)."""
+    kind, overrides = "default", {}
+    for item in (part.strip() for part in spec.split(",")):
+        name, eq, value = item.partition("=")
+        if not eq and name in KINDS:
+            kind = name
+            continue
+        try:
+            overrides[name] = json.loads(value)
+        except ValueError:
+            raise SystemExit(f"variant {spec!r}: {item!r} is neither {', '.join(KINDS)} nor key=<JSON value>") from None
+    return kind, overrides
+
+
 def make_policy(spec: str) -> Policy:
-    if spec == "sticky":
+    kind, overrides = parse_variant(spec)
+    if kind == "sticky":
         return sticky_policy
-    params = K.CostParams.from_config(CostModel(**_overrides(spec)), default_epsilon=0.25)
-    return demand_only_policy(params) if spec == "demand-only" else cost_policy(params)
+    params = K.CostParams.from_config(CostModel(**overrides), default_epsilon=0.25)
+    return demand_only_policy(params) if kind == "demand-only" else cost_policy(params)
 
 
 # -- the replay --------------------------------------------------------------------------------
@@ -373,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---:|---:|---|")
     for name in args.workloads.split(","):
         for spec in args.variant or ["default"]:
-            cost = CostModel(**_overrides(spec))
+            cost = CostModel(**parse_variant(spec)[1])
             rows = []
             for seed in seeds:
                 requests, follow, block, capacity = _workload(name, seed, texts, args)
@@ -386,16 +406,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(f"| {name} | {spec} | {mean:.4f} | {over} of {len(rows)} | {cells} |", flush=True)
     return 0
-
-
-def _overrides(spec: str) -> dict[str, Any]:
-    if spec in ("default", "sticky", "demand-only"):
-        return {}
-    out: dict[str, Any] = {}
-    for item in spec.split(","):
-        name, _, value = item.partition("=")
-        out[name.strip()] = json.loads(value)
-    return out
 
 
 if __name__ == "__main__":
