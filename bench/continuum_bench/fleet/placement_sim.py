@@ -11,6 +11,10 @@ exactly what each engine holds (no event delay), its requests in flight, its que
 tokens and the decayed demand, as the ingress does. Hit/ideal divides the fleet's prompt tokens
 served from cache by those of one pooled LRU of the fleet's size, as `bench compare` does.
 
+A move is a request sent to a backend that holds less of its prompt than another does: `bound`
+(every deepest holder was at the load bound), `cost` (a queue outweighed the cache) or `placed`
+(new work, a start or a copy of a shared prefix, placed for balance).
+
 Variants: `default` (the configured defaults), any `key=value[,key=value]` overrides of
 `kv_cache_index.scoring.cost`, `sticky` (always the deepest holder, the least busy among equal
 ones, no load bound: what the cache-aware peers do while their balance gates stay closed) and
@@ -331,12 +335,10 @@ def _route(r: Request, engines: list[Engine], policy: Policy, demand: K.Decaying
     held = {n: K.Held(min(r.tokens, d * block), min(r.tokens, d * block)) for n, d in depth.items() if d > 0}
     loads = [K.CandidateLoad(e.name, e.in_flight, e.queued, 1.0, demand.value(e.name, now)) for e in engines]
     choice = policy(r.tokens, loads, held, _hash(r.key) & 0xFFFF, r.start)
-    if choice is None:
-        engine = _ring(r.key, engines)
-    else:
-        engine = next(e for e in engines if e.name == choice.backend)
-        if choice.moved is not None:
-            moves[choice.moved] += 1
+    engine = _ring(r.key, engines) if choice is None else next(e for e in engines if e.name == choice.backend)
+    if depth[engine.name] < max(depth.values()):
+        # counted the same way for every policy: the choice holds less than the deepest holder
+        moves[choice.moved if choice is not None and choice.moved is not None else "placed"] += 1
     got = min(r.tokens, depth[engine.name] * block)
     engine.cache.touch(r.blocks)
     demand.add(engine.name, r.tokens - got + cost.placement_request_tokens, now)
