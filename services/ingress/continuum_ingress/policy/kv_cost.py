@@ -27,12 +27,16 @@ there (charged `placement_miss_penalty` like a miss), so conversations spread ov
 backend's cache rather than piling onto whoever holds their shared head. Work that holds less
 than `affinity_threshold` of its prompt anywhere is placed under the bound without its slack,
 which stays free for requests with cache affinity (the turns of conversations a backend
-already serves).
+already serves). A start that holds most of its prompt (a long shared document) stays with the
+least busy of its deepest holders while that holder's demand is within `placement_tolerance`
+of the mean (or `placement_tolerance_tokens` above it); beyond that its prefix is copied to
+another backend. A prompt nobody holds any of is placed the same way (`place_new_prefixes`).
 
 `seed` is the seed's composite score over the same holdings (policy/kv_scoring.py's formula with
 raw_overlap = tokens held / most held by any candidate), deciding only above 0.3.
 
-Both return None when no candidate holds any of the prompt: the configured strategy then picks.
+Both return None when they decline: `seed` when no candidate holds any of the prompt, `cost`
+only when asked to (`place_unheld`, `place_new_prefixes`); the configured strategy then picks.
 """
 
 from __future__ import annotations
