@@ -44,6 +44,7 @@ from continuum_bench.fleet.tokens import Texts, make_codec
 from continuum_bench.fleet.trace import TRACE_BLOCK, load_trace
 from continuum_bench.fleet.workloads import MultiTurnWorkload, SharedPromptWorkload
 from continuum_common.config.kv_index import CostModel
+from continuum_common.ring import HashRing
 from continuum_ingress.policy import kv_cost as K
 from continuum_ingress.policy.scorer import HoldingTier
 
@@ -263,12 +264,11 @@ def _hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
-def _ring(key: str, engines: Sequence[Engine]) -> Engine:
-    """PrefixAwareHash: the key's place on a ring, skipping engines over ceil(1.25 · mean)."""
-    total = sum(e.in_flight for e in engines)
-    bound = -(-(1.25 * (total + 1)) // len(engines))
-    ordered = sorted(engines, key=lambda e: _hash(f"{key}|{e.name}"))
-    return next((e for e in ordered if e.in_flight < bound), ordered[0])
+def _ring(ring: HashRing, key: str, engines: Sequence[Engine]) -> Engine:
+    """PrefixAwareHash: the router's own bounded-load ring over the key's SHA-256 digest."""
+    loads = {e.name: e.in_flight for e in engines}
+    name = ring.lookup(hashlib.sha256(key.encode()).digest(), "model", loads).backend
+    return next(e for e in engines if e.name == name)
 
 
 @dataclass
@@ -281,6 +281,7 @@ class Outcome:
 def replay(requests: list[Request], follow: list[FollowUp], policy: Policy, *, block: int,
            capacity: int, cost: CostModel) -> Outcome:  # fmt: skip
     engines = [Engine(f"e{i}", Cache(capacity)) for i in range(ENGINES)]
+    ring = HashRing([e.name for e in engines])
     pooled = Cache(capacity * ENGINES)
     demand = K.DecayingDemand(cost.demand_half_life_seconds)
     events: list[tuple[float, int, str, Any]] = []
@@ -313,7 +314,7 @@ def replay(requests: list[Request], follow: list[FollowUp], policy: Policy, *, b
             if r.follow is not None:
                 push(now + r.follow.think(), "turn", r.follow)
         else:
-            engine, got = _route(data, engines, policy, demand, now, block, moves, cost)
+            engine, got = _route(data, engines, ring, policy, demand, now, block, moves, cost)
             hit += got
             ideal += min(data.tokens, pooled.held(data.blocks) * block)
             pooled.touch(data.blocks)
@@ -329,13 +330,13 @@ def replay(requests: list[Request], follow: list[FollowUp], policy: Policy, *, b
     return Outcome(hit / ideal if ideal else 1.0, max(counts) / statistics.mean(counts), moves)
 
 
-def _route(r: Request, engines: list[Engine], policy: Policy, demand: K.DecayingDemand, now: float, block: int,
+def _route(r: Request, engines: list[Engine], ring: HashRing, policy: Policy, demand: K.DecayingDemand, now: float, block: int,
            moves: dict[str, int], cost: CostModel) -> tuple[Engine, int]:  # fmt: skip
     depth = {e.name: e.cache.held(r.blocks) for e in engines}
     held = {n: K.Held(min(r.tokens, d * block), min(r.tokens, d * block)) for n, d in depth.items() if d > 0}
     loads = [K.CandidateLoad(e.name, e.in_flight, e.queued, 1.0, demand.value(e.name, now)) for e in engines]
     choice = policy(r.tokens, loads, held, _hash(r.key) & 0xFFFF, r.start)
-    engine = _ring(r.key, engines) if choice is None else next(e for e in engines if e.name == choice.backend)
+    engine = _ring(ring, r.key, engines) if choice is None else next(e for e in engines if e.name == choice.backend)
     if depth[engine.name] < max(depth.values()):
         # counted the same way for every policy: the choice holds less than the deepest holder
         moves[choice.moved if choice is not None and choice.moved is not None else "placed"] += 1
