@@ -13,6 +13,7 @@ from continuum_ingress.policy.kv_cost import (
     CostParams,
     DecayingDemand,
     Held,
+    StartCommitments,
     choose_by_cost,
     choose_by_seed,
     load_bound,
@@ -346,3 +347,62 @@ def test_only_starts_use_the_tolerance() -> None:
     assert turn is not None and turn.backend == "b0" and not turn.placed
     start = choose_by_cost(3030, cands, held, P, start=True)
     assert start is not None and start.backend != "b0"
+
+
+def test_commitments_book_starts_at_what_starts_have_brought_since() -> None:
+    c = StartCommitments(half_life_s=20.0, demand_half_life_s=60.0)
+    # One-shot traffic (every request a start, nothing after them) books nothing.
+    for i in range(8):
+        c.record(f"b{i % 2}", 1300, 0.0, start=True)
+    assert c.value("b0", 0.0) == 0.0 and c.value("b1", 0.0) == 0.0
+    # Later turns brought 12,000 new tokens over those 8 starts: 1,500 per start, booked per
+    # backend by its own starts (4 each), none where no conversation started.
+    for _ in range(24):
+        c.record("b2", 500, 0.0, start=False)
+    assert c.value("b0", 0.0) == pytest.approx(6000)
+    assert c.value("b1", 0.0) == pytest.approx(6000)
+    assert c.value("b2", 0.0) == 0.0
+    # A backend's starts fade with their half-life; the fleet's rate per start keeps.
+    assert c.value("b0", 20.0) == pytest.approx(3000)
+    c.clear()
+    assert c.value("b0", 20.0) == 0.0
+
+
+def test_a_start_goes_to_the_holder_with_fewer_conversations_just_started() -> None:
+    # b0 and b2 hold the document and took the same demand, but b0 just took conversations
+    # whose later turns are still to come: the next start goes to b2.
+    held = {"b0": Held(3000, 3000), "b2": Held(3000, 3000)}
+    cands = [
+        CandidateLoad("b0", 0, demand=8000, committed=4000),
+        CandidateLoad("b1", 0, demand=8000),
+        CandidateLoad("b2", 0, demand=8000),
+        CandidateLoad("b3", 0, demand=8000),
+    ]
+    for tie in range(4):
+        choice = choose_by_cost(3030, cands, held, P, tie, start=True)
+        assert choice is not None and choice.backend == "b2" and choice.moved is None
+
+
+def test_commitments_do_not_copy_a_prefix() -> None:
+    # Whether a start leaves its only holder is decided on recent demand alone: b0 is at the
+    # mean however many conversations it just took, so the document is not copied.
+    held = {"b0": Held(3000, 3000)}
+    cands = [CandidateLoad("b0", 0, demand=5000, committed=50_000)]
+    cands += [CandidateLoad(f"b{i}", 0, demand=5000) for i in (1, 2, 3)]
+    choice = choose_by_cost(3030, cands, held, P, start=True)
+    assert choice is not None and choice.backend == "b0"
+
+
+def test_new_work_is_placed_counting_commitments() -> None:
+    # A prompt nobody holds: b0 took the least demand but has conversations just started
+    # whose later turns will bring more than the difference.
+    cands = [
+        CandidateLoad("b0", 0, demand=1000, committed=6000),
+        CandidateLoad("b1", 0, demand=4000),
+        CandidateLoad("b2", 0, demand=5000),
+    ]
+    choice = choose_by_cost(1000, cands, {}, P, start=True)
+    assert choice is not None and choice.backend == "b1"
+    without = [replace(c, committed=0.0) for c in cands]
+    choice = choose_by_cost(1000, without, {}, P, start=True)
+    assert choice is not None and choice.backend == "b0"

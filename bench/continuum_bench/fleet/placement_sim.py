@@ -284,6 +284,11 @@ def replay(requests: list[Request], follow: list[FollowUp], policy: Policy, *, b
     ring = HashRing([e.name for e in engines])
     pooled = Cache(capacity * ENGINES)
     demand = K.DecayingDemand(cost.demand_half_life_seconds)
+    commitments = (
+        K.StartCommitments(cost.commitment_half_life_seconds, cost.demand_half_life_seconds)
+        if cost.commitment_half_life_seconds > 0
+        else None
+    )
     events: list[tuple[float, int, str, Any]] = []
     counter = 0
 
@@ -314,7 +319,7 @@ def replay(requests: list[Request], follow: list[FollowUp], policy: Policy, *, b
             if r.follow is not None:
                 push(now + r.follow.think(), "turn", r.follow)
         else:
-            engine, got = _route(data, engines, ring, policy, demand, now, block, moves, cost)
+            engine, got = _route(data, engines, ring, policy, (demand, commitments), now, block, moves, cost)
             hit += got
             ideal += min(data.tokens, pooled.held(data.blocks) * block)
             pooled.touch(data.blocks)
@@ -330,11 +335,21 @@ def replay(requests: list[Request], follow: list[FollowUp], policy: Policy, *, b
     return Outcome(hit / ideal if ideal else 1.0, max(counts) / statistics.mean(counts), moves)
 
 
-def _route(r: Request, engines: list[Engine], ring: HashRing, policy: Policy, demand: K.DecayingDemand, now: float, block: int,
+Measures = tuple[K.DecayingDemand, K.StartCommitments | None]
+
+
+def _route(r: Request, engines: list[Engine], ring: HashRing, policy: Policy, measures: Measures, now: float, block: int,
            moves: dict[str, int], cost: CostModel) -> tuple[Engine, int]:  # fmt: skip
+    demand, commitments = measures
     depth = {e.name: e.cache.held(r.blocks) for e in engines}
     held = {n: K.Held(min(r.tokens, d * block), min(r.tokens, d * block)) for n, d in depth.items() if d > 0}
-    loads = [K.CandidateLoad(e.name, e.in_flight, e.queued, 1.0, demand.value(e.name, now)) for e in engines]
+    loads = [
+        K.CandidateLoad(
+            e.name, e.in_flight, e.queued, 1.0, demand.value(e.name, now), 1,
+            commitments.value(e.name, now) if commitments is not None else 0.0,
+        )
+        for e in engines
+    ]  # fmt: skip
     choice = policy(r.tokens, loads, held, _hash(r.key) & 0xFFFF, r.start)
     engine = _ring(ring, r.key, engines) if choice is None else next(e for e in engines if e.name == choice.backend)
     if depth[engine.name] < max(depth.values()):
@@ -342,7 +357,10 @@ def _route(r: Request, engines: list[Engine], ring: HashRing, policy: Policy, de
         moves[choice.moved if choice is not None and choice.moved is not None else "placed"] += 1
     got = min(r.tokens, depth[engine.name] * block)
     engine.cache.touch(r.blocks)
-    demand.add(engine.name, r.tokens - got + cost.placement_request_tokens, now)
+    tokens = r.tokens - got + cost.placement_request_tokens
+    demand.add(engine.name, tokens, now)
+    if commitments is not None:
+        commitments.record(engine.name, tokens, now, start=r.start)
     return engine, got
 
 

@@ -63,6 +63,13 @@ class CostModel(Section):
     placement_request_tokens: float = Field(256.0, ge=0.0, le=1e6)
     # Half-life of that recent-demand measure.
     demand_half_life_seconds: float = Field(60.0, gt=0.0, le=86_400.0)
+    # A conversation's first turn commits its backend to the later turns, which that measure
+    # counts only once they are sent. Where a conversation start or other new work goes, each
+    # backend also counts the later demand still expected from the conversations started there
+    # recently: per start, the new tokens that requests other than starts have recently brought
+    # per start across the fleet (nothing on one-shot traffic), fading with this half-life, the
+    # time over which a conversation's later turns arrive. 0 turns it off.
+    commitment_half_life_seconds: float = Field(20.0, ge=0.0, le=86_400.0)
     # Cache affinity never pushes a backend beyond ceil((1 + epsilon) * mean in-flight); None
     # takes prefix_routing.load_factor_epsilon. Wider than the ring's 0.25: in-flight counts
     # are small integers, and a moved conversation recomputes its whole history, so the bound

@@ -78,6 +78,8 @@ class Decision(msgspec.Struct, array_like=True, frozen=True):
     ts: float
     keys: Annotated[list[_U64], msgspec.Meta(max_length=MAX_KEYS)]
     new_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # the request opened a conversation (older senders leave it out: False)
+    start: bool = False
 
 
 _codec = StructCodec(Decision, DecisionDecodeError, "decision")

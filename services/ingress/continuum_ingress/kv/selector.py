@@ -44,6 +44,7 @@ from continuum_ingress.policy.kv_cost import (
     DecayingDemand,
     Held,
     KvChoice,
+    StartCommitments,
     choose_by_cost,
     choose_by_seed,
 )
@@ -74,6 +75,7 @@ class _Plan:
     indexed: dict[str, int] = field(default_factory=dict)
     # the block index could not be read: a prompt nothing is known of goes to the strategy
     index_failed: bool = False
+    start: bool = False  # the request opens a conversation
 
 
 class KvSelector:
@@ -98,7 +100,13 @@ class KvSelector:
         self.model = section.scoring.model
         self.weights = Weights.from_config(section.scoring)
         self.params = CostParams.from_config(section.scoring.cost, config.prefix_routing.load_factor_epsilon)
-        self.demand = DecayingDemand(section.scoring.cost.demand_half_life_seconds)
+        cost = section.scoring.cost
+        self.demand = DecayingDemand(cost.demand_half_life_seconds)
+        self.commitments = (
+            StartCommitments(cost.commitment_half_life_seconds, cost.demand_half_life_seconds)
+            if cost.commitment_half_life_seconds > 0
+            else None
+        )
         # every request also counts as this many new tokens (docs/kv-scorer.md, placement)
         self.request_tokens = section.scoring.cost.placement_request_tokens
         self.place_starts = section.scoring.cost.place_conversation_starts
@@ -146,13 +154,20 @@ class KvSelector:
         now = self.clock()
         loads = [
             CandidateLoad(
-                c.name, c.in_flight, c.queued_tokens, c.success_rate, self.demand.value(c.name, now), c.weight
+                c.name,
+                c.in_flight,
+                c.queued_tokens,
+                c.success_rate,
+                self.demand.value(c.name, now),
+                c.weight,
+                self.commitments.value(c.name, now) if self.commitments is not None else 0.0,
             )
             for c in candidates
         ]
+        plan.start = conversation_start(state.request)
         if self.model == "seed":
             return choose_by_seed(plan.prompt_tokens, loads, plan.held, self.weights)
-        start = self.place_starts and conversation_start(state.request)
+        start = self.place_starts and plan.start
         choice = choose_by_cost(
             plan.prompt_tokens,
             loads,
@@ -307,9 +322,18 @@ class KvSelector:
             kind = KIND_APPROXIMATE
         fresh = max(0, plan.prompt_tokens - (h.any_tokens if h is not None else 0))
         state.prefill_tokens = fresh
-        self.demand.add(backend.name, fresh + self.request_tokens, now)
+        self._add_demand(backend.name, fresh, now, start=plan.start)
         if self.share is not None and self.share_decisions:
-            self.share(Decision(self.replica, group.name, backend.name, kind, time.time(), list(recorded), fresh))
+            decision = Decision(
+                self.replica, group.name, backend.name, kind, time.time(), list(recorded), fresh, plan.start
+            )
+            self.share(decision)
+
+    def _add_demand(self, backend: str, fresh: int, now: float, *, start: bool) -> None:
+        tokens = fresh + self.request_tokens
+        self.demand.add(backend, tokens, now)
+        if self.commitments is not None:
+            self.commitments.record(backend, tokens, now, start=start)
 
     def _in_prefix_group(self, backend: str) -> bool:
         group = self.group_of.get(backend) or self.groups["*"]
@@ -320,7 +344,7 @@ class KvSelector:
         group = self.groups.get(decision.group)
         if group is None or decision.backend not in self.group_of:
             return
-        self.demand.add(decision.backend, decision.new_tokens + self.request_tokens, self.clock())
+        self._add_demand(decision.backend, decision.new_tokens, self.clock(), start=decision.start)
         if decision.kind == KIND_SPECULATIVE and group.mode == "precise":
             # the part of the chain the sender's (and so our) block index did not confirm yet
             group.memory.record(decision.backend, decision.keys, self.clock())
@@ -362,6 +386,8 @@ class KvSelector:
 
     def clear(self) -> None:
         self.demand.clear()
+        if self.commitments is not None:
+            self.commitments.clear()
         for remote in self.remote.values():
             remote.clear()
         for group in self.groups.values():

@@ -59,6 +59,7 @@ class CandidateLoad:
     success_rate: float = 1.0
     demand: float = 0.0  # new prompt tokens sent here recently (decayed)
     weight: int = 1
+    committed: float = 0.0  # later demand still expected from conversations started here
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +280,7 @@ def _stay_with_holder(
         share = c.demand / max(c.weight, 1)
         if depth[c.name] < most or share > limit:
             continue
+        share += c.committed / max(c.weight, 1)
         rank = (i - tie_key) % n
         if best is None or share < best[0] - 1e-9 or (abs(share - best[0]) <= 1e-9 and rank < best[1]):
             best = (share, rank, c)
@@ -303,7 +305,7 @@ def _place(
     weight = 1.0 + params.placement_miss_penalty
     for i, c in enumerate(eligible):
         fresh = new_tokens(prompt_tokens, held.get(c.name, NOTHING), params)
-        load = (c.demand + c.queued_tokens) / max(c.weight, 1) + fresh * weight
+        load = (c.demand + c.committed + c.queued_tokens) / max(c.weight, 1) + fresh * weight
         rank = (i - tie_key) % n
         if best is None or load < best[0] - 1e-9 or (abs(load - best[0]) <= 1e-9 and rank < best[1]):
             best = (load, rank, c)
@@ -313,6 +315,46 @@ def _place(
     held_tokens = min(h.any_tokens, prompt_tokens)
     fresh = round(new_tokens(prompt_tokens, h, params))
     return KvChoice(chosen.name, 0.0, h.tier, held_tokens, fresh, False, held_tokens / prompt_tokens, placed=True)
+
+
+_STARTS = "starts"
+_LATER = "later"
+
+
+class StartCommitments:
+    """The later demand still expected from conversations recently started on each backend
+    (pure; the caller passes the clock).
+
+    A conversation's first turn commits its backend to every later turn, but recent demand
+    counts a turn only once it is sent: a backend that just took a run of starts looks no busier
+    than one that took a run of one-shot requests, and keeps attracting starts. Each start is
+    booked at what starts have recently brought afterwards, per start, across the fleet (the new
+    tokens of requests that are not starts over the number of starts, both over the demand
+    half-life), and fades with `half_life_s`. Traffic whose requests are all starts (one-shot
+    questions) books nothing."""
+
+    def __init__(self, half_life_s: float, demand_half_life_s: float) -> None:
+        self._starts = DecayingDemand(half_life_s)
+        self._fleet = DecayingDemand(demand_half_life_s)
+
+    def record(self, backend: str, tokens: float, now: float, *, start: bool) -> None:
+        """A request routed to `backend` with `tokens` of demand; `start`: it opened a conversation."""
+        if start:
+            self._starts.add(backend, 1.0, now)
+            self._fleet.add(_STARTS, 1.0, now)
+        else:
+            self._fleet.add(_LATER, tokens, now)
+
+    def value(self, backend: str, now: float) -> float:
+        starts = self._fleet.value(_STARTS, now)
+        if starts <= 0.0:
+            return 0.0
+        per_start = self._fleet.value(_LATER, now) / max(1.0, starts)
+        return self._starts.value(backend, now) * per_start
+
+    def clear(self) -> None:
+        self._starts.clear()
+        self._fleet.clear()
 
 
 class DecayingDemand:
