@@ -260,7 +260,7 @@ load_reports = st.builds(
 )
 decisions = st.builds(
     Decision, st.text(max_size=20), st.text(max_size=8), st.text(max_size=8), st.integers(0, 1), st.floats(allow_nan=False),
-    st.lists(u64s, max_size=8), st.integers(0, 10**9),
+    st.lists(u64s, max_size=8), st.integers(0, 10**9), st.booleans(),
 )  # fmt: skip
 
 tokenizations = st.builds(

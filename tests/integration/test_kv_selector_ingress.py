@@ -177,3 +177,25 @@ async def test_every_request_counts_in_the_placement_demand_on_every_replica(nat
             assert sel_a.demand.value(home, sel_a.clock()) >= 15_000
             assert sel_a.demand.value(other, sel_a.clock()) == 0
             await eventually(lambda: sel_b.demand.value(home, sel_b.clock()) >= 15_000)
+
+
+async def test_conversation_starts_are_booked_on_every_replica(nats_server: NatsServer) -> None:
+    """A conversation's first turn books its backend for the later turns conversations have
+    been bringing (kv_cost.StartCommitments), here and, through the shared decision's start
+    flag, on the other replica; a backend where nothing started is booked for nothing."""
+    async with running_stubs("a", "b") as stubs:
+        cfg = kv_config(stubs, nats_server.url)
+        async with ingresses(cfg, 2) as [(ing_a, a), (ing_b, _)]:
+            conv = Conversation("erin")
+            home = await send(a, conv)
+            for _ in range(2):
+                assert await send(a, conv) == home
+            sel_a = ing_a.app.kv.selector  # type: ignore[union-attr]
+            sel_b = ing_b.app.kv.selector  # type: ignore[union-attr]
+            other = "b" if home == "a" else "a"
+            assert sel_a.commitments is not None and sel_b.commitments is not None
+            # one start, two later turns of at least placement_request_tokens (256) each
+            assert sel_a.commitments.value(home, sel_a.clock()) >= 2 * 256 * 0.9
+            assert sel_a.commitments.value(other, sel_a.clock()) == 0
+            await eventually(lambda: sel_b.commitments.value(home, sel_b.clock()) >= 2 * 256 * 0.9)  # type: ignore[union-attr]
+            assert sel_b.commitments.value(other, sel_b.clock()) == 0
