@@ -78,6 +78,27 @@ def test_the_command_prints_one_row_per_workload_and_variant(capsys: pytest.Capt
     ]  # fmt: skip
 
 
+def test_a_timing_spread_replays_each_seed_three_times(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--workloads", "multi-turn", "--seeds", "1", "--variant", "default", "--timing-spread", "0.5"]
+    assert sim.main(argv) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| multi-turn"))
+    runs = row.split(" | ")[4].rstrip(" |").split()
+    assert len(runs) == 3 and " of 3 " in row
+
+
+def test_the_model_fleet_runs_at_the_speed_asked(texts: Texts) -> None:
+    # Twice the decode time per token keeps twice as many requests in flight: with a load bound
+    # of 2 per engine, the slow fleet has to move requests the fast one does not.
+    def moves(decode: float) -> int:
+        requests, _ = sim.shared_prompt(1, texts)
+        cost = CostModel(load_factor_epsilon=0.01, load_bound_slack=0)
+        out = sim.replay(requests, [], sim.make_policy("load_factor_epsilon=0.01,load_bound_slack=0"),
+                         block=sim.CHAT_BLOCK, capacity=sim.CHAT_CAPACITY, cost=cost, speed=(1.0, decode))  # fmt: skip
+        return out.moves["bound"]
+
+    assert moves(4.0) > moves(1.0)
+
+
 def test_unknown_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         sim.make_policy("placement_tolerance=-1")

@@ -279,7 +279,9 @@ class Outcome:
 
 
 def replay(requests: list[Request], follow: list[FollowUp], policy: Policy, *, block: int,
-           capacity: int, cost: CostModel) -> Outcome:  # fmt: skip
+           capacity: int, cost: CostModel, speed: tuple[float, float] = (1.0, 1.0)) -> Outcome:  # fmt: skip
+    """`speed`: the model's prefill rate and decode time per token, as multiples of the defaults."""
+    prefill_rate, decode_s = PREFILL_TOKENS_PER_S * speed[0], DECODE_S_PER_TOKEN * speed[1]
     engines = [Engine(f"e{i}", Cache(capacity)) for i in range(ENGINES)]
     ring = HashRing([e.name for e in engines])
     pooled = Cache(capacity * ENGINES)
@@ -327,10 +329,10 @@ def replay(requests: list[Request], follow: list[FollowUp], policy: Policy, *, b
             engine.in_flight += 1
             engine.queued += fresh
             engine.requests += 1
-            first = max(now, engine.prefill_free) + fresh / PREFILL_TOKENS_PER_S
+            first = max(now, engine.prefill_free) + fresh / prefill_rate
             engine.prefill_free = first
             push(first + OVERHEAD_S, "first", (engine, fresh))
-            push(first + OVERHEAD_S + data.output_tokens * DECODE_S_PER_TOKEN, "done", (engine, data))
+            push(first + OVERHEAD_S + data.output_tokens * decode_s, "done", (engine, data))
     counts = [e.requests for e in engines]
     return Outcome(hit / ideal if ideal else 1.0, max(counts) / statistics.mean(counts), moves)
 
@@ -403,13 +405,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, help="Mooncake-format JSONL for the trace workload")
     parser.add_argument("--trace-duration", type=float, default=300.0)
     parser.add_argument("--duration", type=float, default=240.0, help="conversations: seconds of starts")
+    parser.add_argument(
+        "--timing-spread", type=float, default=0.0,
+        help="also replay each seed with prefill this fraction faster and decode slower, and the reverse "
+        "(three runs per seed: how much a decision depends on timing)",
+    )  # fmt: skip
     args = parser.parse_args(argv)  # fmt: skip
     if "trace" in args.workloads.split(",") and args.trace is None:
         parser.error("the trace workload needs --trace FILE")
     texts = Texts(make_codec("builtin"))
     seeds = _seeds(args.seeds)
+    spread = args.timing_spread
+    speeds = [(1.0, 1.0)] + ([(1 + spread, 1 - spread), (1 - spread, 1 + spread)] if spread else [])
     print(
-        "| workload | variant | mean hit/ideal | seeds over 1.3 | per seed: hit/ideal · imbalance · moves (placed/bound/cost) |"
+        "| workload | variant | mean hit/ideal | runs over 1.3 | per run: hit/ideal · imbalance · moves (placed/bound/cost) |"
     )
     print("|---|---|---:|---:|---|")
     for name in args.workloads.split(","):
@@ -417,8 +426,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             cost = CostModel(**parse_variant(spec)[1])
             rows = []
             for seed in seeds:
-                requests, follow, block, capacity = _workload(name, seed, texts, args)
-                rows.append(replay(requests, follow, make_policy(spec), block=block, capacity=capacity, cost=cost))
+                for speed in speeds:
+                    requests, follow, block, capacity = _workload(name, seed, texts, args)
+                    policy = make_policy(spec)
+                    rows.append(
+                        replay(requests, follow, policy, block=block, capacity=capacity, cost=cost, speed=speed)
+                    )
             mean = statistics.mean(r.hit_ideal for r in rows)
             over = sum(r.imbalance > 1.3 for r in rows)
             cells = " ".join(
