@@ -22,13 +22,14 @@ A request whose best candidate holds less than `affinity_threshold` of its promp
 (a new conversation that shares only a system prompt with others), and so is the first turn of a
 chat conversation (`start`: no earlier answer in it), whatever it holds, since its backend is
 where every later turn will go: it is *placed* instead, on the eligible candidate that was given
-the least new prompt recently (`demand`, decayed, per unit of weight) plus what it would prefill
-there (charged `placement_miss_penalty` like a miss), so conversations spread over every
+the least new prompt recently (`demand`, decayed, per unit of weight, plus `committed`: what
+the conversations started there recently are still expected to bring, StartCommitments) plus
+what it would prefill there (charged `placement_miss_penalty` like a miss), so conversations spread over every
 backend's cache rather than piling onto whoever holds their shared head. Work that holds less
 than `affinity_threshold` of its prompt anywhere is placed under the bound without its slack,
 which stays free for requests with cache affinity (the turns of conversations a backend
 already serves). A start that holds most of its prompt (a long shared document) stays with the
-least busy of its deepest holders while that holder's demand is within `placement_tolerance`
+least busy of its deepest holders (by demand and commitments) while that holder's demand is within `placement_tolerance`
 of the mean (or `placement_tolerance_tokens` above it); beyond that its prefix is copied to
 another backend. A prompt nobody holds any of is placed the same way (`place_new_prefixes`).
 
