@@ -359,7 +359,8 @@ def test_commitments_book_starts_at_what_starts_have_brought_since() -> None:
     # backend by its own starts (4 each), none where no conversation started.
     for _ in range(24):
         c.record("b2", 500, 0.0, start=False)
-    assert c.value("b0", 0.0) == pytest.approx(6000)
+    assert c.per_start(0.0) == pytest.approx(1500)
+    assert c.value("b0", 0.0) == pytest.approx(6000) == c.value("b0", 0.0, c.per_start(0.0))
     assert c.value("b1", 0.0) == pytest.approx(6000)
     assert c.value("b2", 0.0) == 0.0
     # A backend's starts fade with their half-life; the fleet's rate per start keeps.

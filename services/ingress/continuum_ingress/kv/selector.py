@@ -102,9 +102,10 @@ class KvSelector:
         self.params = CostParams.from_config(section.scoring.cost, config.prefix_routing.load_factor_epsilon)
         cost = section.scoring.cost
         self.demand = DecayingDemand(cost.demand_half_life_seconds)
+        # only the cost model places work; the composite formula has no use for commitments
         self.commitments = (
             StartCommitments(cost.commitment_half_life_seconds, cost.demand_half_life_seconds)
-            if cost.commitment_half_life_seconds > 0
+            if cost.commitment_half_life_seconds > 0 and self.model == "cost"
             else None
         )
         # every request also counts as this many new tokens (docs/kv-scorer.md, placement)
@@ -152,6 +153,7 @@ class KvSelector:
             plan.prompt_tokens = max(plan.prompt_tokens, keys.prompt_tokens)
             await self._held(group, keys, state, members, plan)
         now = self.clock()
+        committed = self._committed(candidates, now)
         loads = [
             CandidateLoad(
                 c.name,
@@ -160,7 +162,7 @@ class KvSelector:
                 c.success_rate,
                 self.demand.value(c.name, now),
                 c.weight,
-                self.commitments.value(c.name, now) if self.commitments is not None else 0.0,
+                committed.get(c.name, 0.0),
             )
             for c in candidates
         ]
@@ -180,6 +182,15 @@ class KvSelector:
         if choice is not None and choice.moved is not None:
             self.metrics.affinity_moves.labels(choice.moved).inc()
         return choice
+
+    def _committed(self, candidates: Sequence[BackendState], now: float) -> dict[str, float]:
+        """Each candidate's start commitment (the fleet-wide rate computed once)."""
+        if self.commitments is None:
+            return {}
+        rate = self.commitments.per_start(now)
+        if rate <= 0.0:
+            return {}
+        return {c.name: self.commitments.value(c.name, now, rate) for c in candidates}
 
     async def _keys(
         self, group: GroupRuntime, state: RequestState, snapshot: RouterSnapshot, members: Sequence[BackendState]

@@ -24,14 +24,14 @@ chat conversation (`start`: no earlier answer in it), whatever it holds, since i
 where every later turn will go: it is *placed* instead, on the eligible candidate that was given
 the least new prompt recently (`demand`, decayed, per unit of weight, plus `committed`: what
 the conversations started there recently are still expected to bring, StartCommitments) plus
-what it would prefill there (charged `placement_miss_penalty` like a miss), so conversations spread over every
-backend's cache rather than piling onto whoever holds their shared head. Work that holds less
+what it would prefill there (charged `placement_miss_penalty` like a miss), so conversations
+spread over every backend's cache rather than piling onto whoever holds their shared head. Work that holds less
 than `affinity_threshold` of its prompt anywhere is placed under the bound without its slack,
 which stays free for requests with cache affinity (the turns of conversations a backend
 already serves). A start that holds most of its prompt (a long shared document) stays with the
-least busy of its deepest holders (by demand and commitments) while that holder's demand is within `placement_tolerance`
-of the mean (or `placement_tolerance_tokens` above it); beyond that its prefix is copied to
-another backend. A prompt nobody holds any of is placed the same way (`place_new_prefixes`).
+least busy of its deepest holders (by demand and commitments) while that holder's demand is
+within `placement_tolerance` of the mean (or `placement_tolerance_tokens` above it); beyond that
+its prefix is copied to another backend. A prompt nobody holds any of is placed the same way (`place_new_prefixes`).
 
 `seed` is the seed's composite score over the same holdings (policy/kv_scoring.py's formula with
 raw_overlap = tokens held / most held by any candidate), deciding only above 0.3.
@@ -346,12 +346,16 @@ class StartCommitments:
         else:
             self._fleet.add(_LATER, tokens, now)
 
-    def value(self, backend: str, now: float) -> float:
+    def per_start(self, now: float) -> float:
+        """What a start has recently brought afterwards, fleet-wide (0 before any start; a
+        lone, long-faded start counts as one, so it cannot inflate the rate)."""
         starts = self._fleet.value(_STARTS, now)
-        if starts <= 0.0:
-            return 0.0
-        per_start = self._fleet.value(_LATER, now) / max(1.0, starts)
-        return self._starts.value(backend, now) * per_start
+        return self._fleet.value(_LATER, now) / max(1.0, starts) if starts > 0.0 else 0.0
+
+    def value(self, backend: str, now: float, per_start: float | None = None) -> float:
+        """`backend`'s commitment; pass `per_start(now)` when asking for several backends."""
+        rate = self.per_start(now) if per_start is None else per_start
+        return self._starts.value(backend, now) * rate if rate > 0.0 else 0.0
 
     def clear(self) -> None:
         self._starts.clear()
