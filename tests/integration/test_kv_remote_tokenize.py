@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import nats
 import orjson
+import pytest
 
 from continuum_common.hashing.blocks import make_block_hasher
 from continuum_common.procs import NatsServer
@@ -94,8 +95,10 @@ async def test_siblings_and_next_turns_are_matched_without_a_call_on_their_path(
         first = [SYSTEM, {"role": "user", "content": "What was the revenue?"}]
         home = await ask(client, model, first)
         assert how(ing, "request") == 1
-        # off the path, the request without its last message (what siblings share) is learnt
-        await eventually(lambda: how(ing, "background") == 1)
+        # off the path: the request without its last message (what siblings share) and, once
+        # answered, the request with its answer (what its next turn starts with)
+        await eventually(lambda: how(ing, "background") == 2)
+        assert how(ing, "answer") == 1
         selector = ing.app.kv.selector  # type: ignore[union-attr]
         known = selector.remote["fleet"].known
         assert known is not None
@@ -105,16 +108,24 @@ async def test_siblings_and_next_turns_are_matched_without_a_call_on_their_path(
         assert found[1].chain.tolist() == await engine_chain(fleet, [SYSTEM], generation=False)
 
         # a sibling (same system prompt, another question): no call on its path, same engine
-        # (RoundRobin would have sent it to the other one), its own messages learnt off the path
+        # (RoundRobin would have sent it to the other one), its answer learnt off the path
         sibling = [SYSTEM, {"role": "user", "content": "And the costs?"}]
         assert await ask(client, model, sibling) == home
         assert how(ing, "request") == 1 and how(ing, "known_prefix") == 1
-        await eventually(lambda: how(ing, "background") == 2)
+        await eventually(lambda: how(ing, "background") == 3)
 
-        # the sibling's next turn lacks two messages from what was learnt: matched, no call
+        # the sibling's next turn with an answer other than the one it received: it still
+        # finds the sibling's own messages (the start of what was learnt), no call
         turn2 = [*sibling, {"role": "assistant", "content": "Lower."}, {"role": "user", "content": "Why?"}]
         assert await ask(client, model, turn2) == home
         assert how(ing, "request") == 1 and how(ing, "known_prefix") == 2
+        await eventually(lambda: how(ing, "background") == 4)
+        own, _ = conversation_digests({"model": model}, model, sibling)
+        derived = known.find(own)
+        assert derived is not None and derived[0] == 2
+        engine = await engine_chain(fleet, sibling, generation=True)
+        assert 2 <= len(derived[1].chain) < len(engine)
+        assert derived[1].chain.tolist() == engine[: len(derived[1].chain)]
 
         # an exact repeat: the remembered answer is the request's whole chain
         assert await ask(client, model, first) == home
@@ -124,14 +135,87 @@ async def test_siblings_and_next_turns_are_matched_without_a_call_on_their_path(
         other = [{"role": "system", "content": "Another assistant. " * 40}, {"role": "user", "content": "Hi"}]
         await ask(client, model, other)
         assert how(ing, "request") == 2
+        await eventually(lambda: how(ing, "background") == 6)
         assert how(ing, "background_failed") == 0 and how(ing, "background_skipped") == 0
 
         # a known prefix under 512 tokens is not used: asked on the path
         short = {"role": "system", "content": "Be brief and answer in one short sentence. " * 20}
         await ask(client, model, [short, {"role": "user", "content": "One?"}])
-        await eventually(lambda: how(ing, "background") == 5)
+        await eventually(lambda: how(ing, "background") == 8)
         await ask(client, model, [short, {"role": "user", "content": "Two?"}])
         assert how(ing, "request") == 4
+        assert how(ing, "no_answer") == 0
+
+
+async def answer_of(response: httpx.Response, stream: bool) -> tuple[str, int]:
+    """The assistant text of a chat completion and the prompt tokens the engine had cached."""
+    if not stream:
+        doc = response.json()
+        return doc["choices"][0]["message"]["content"], doc["usage"]["prompt_tokens_details"]["cached_tokens"]
+    text, cached = "", -1
+    for line in response.text.splitlines():
+        if line.startswith("data: {"):
+            chunk = orjson.loads(line[6:])
+            for choice in chunk["choices"]:
+                text += choice["delta"].get("content") or ""
+            if chunk.get("usage"):
+                cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return text, cached
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_next_turn_replaying_its_answer_is_matched_through_it(nats_server: NatsServer, stream: bool) -> None:
+    async with stack(nats_server.url) as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+        extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+
+        async def chat(messages: list[dict[str, str]]) -> tuple[str, str, int]:
+            body = {"model": model, "messages": messages, "max_tokens": 40, **extra}
+            r = await client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            text, cached = await answer_of(r, stream)
+            return r.headers["x-continuum-backend"], text, cached
+
+        first = [SYSTEM, {"role": "user", "content": "What was the revenue?"}]
+        home, answer, _ = await chat(first)
+        assert answer
+        await eventually(lambda: how(ing, "answer") == 1 and how(ing, "background") == 2)
+        replayed = [*first, {"role": "assistant", "content": answer}]
+        known = ing.app.kv.selector.remote["fleet"].known  # type: ignore[union-attr]
+        digests, _ = conversation_digests({"model": model}, model, replayed)
+        found = known.find(digests)
+        assert found is not None and found[0] == 3
+        learnt = found[1].chain.tolist()
+        assert learnt == await engine_chain(fleet, replayed, generation=False)
+
+        # the next turn: matched through the answer (all but the last learnt block), no call on
+        # its path, and the engine really had all of that cached
+        went, _, cached = await chat([*replayed, {"role": "user", "content": "And why?"}])
+        assert went == home
+        assert how(ing, "request") == 1 and how(ing, "known_prefix") == 1
+        block_size = fleet.endpoints[0].block_size
+        assert cached >= (len(learnt) - 1) * block_size
+        assert how(ing, "no_answer") == 0
+
+
+async def test_without_a_readable_answer_the_request_itself_is_learnt(nats_server: NatsServer) -> None:
+    async with stack(nats_server.url) as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+        await ask(client, model, [SYSTEM, {"role": "user", "content": "What was the revenue?"}])
+        await eventually(lambda: how(ing, "background") == 2)
+        # the engine refuses the sibling after it was routed: nothing to replay, so the
+        # sibling's own messages are learnt once it has ended
+        sibling = [SYSTEM, {"role": "user", "content": "And the costs?"}]
+        body = {"model": model, "messages": sibling, "max_tokens": 4, "n": 2}
+        r = await client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, r.text
+        assert how(ing, "known_prefix") == 1
+        await eventually(lambda: how(ing, "no_answer") == 1 and how(ing, "background") == 3)
+        known = ing.app.kv.selector.remote["fleet"].known  # type: ignore[union-attr]
+        digests, _ = conversation_digests({"model": model}, model, sibling)
+        found = known.find(digests)
+        assert found is not None and found[0] == 2
+        assert found[1].chain.tolist() == await engine_chain(fleet, sibling, generation=True)
 
 
 async def test_a_next_turn_is_learnt_once_the_request_has_been_answered(nats_server: NatsServer) -> None:
@@ -139,7 +223,7 @@ async def test_a_next_turn_is_learnt_once_the_request_has_been_answered(nats_ser
     async with stack(nats_server.url, time_scale=1.0) as (fleet, ing, client):
         model = fleet.endpoints[0].model
         await ask(client, model, [SYSTEM, {"role": "user", "content": "What was the revenue?"}])
-        await eventually(lambda: how(ing, "background") == 1)  # the system prompt, for siblings
+        await eventually(lambda: how(ing, "background") == 2)  # the system prompt, and the answer
         sibling = [SYSTEM, {"role": "user", "content": "And the costs?"}]
         body = {"model": model, "messages": sibling, "max_tokens": 100, "stream": True}
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -149,10 +233,11 @@ async def test_a_next_turn_is_learnt_once_the_request_has_been_answered(nats_ser
             assert how(ing, "known_prefix") == 1
             # while the answer streams, the engine is not asked about the sibling's messages
             await asyncio.sleep(0.2)
-            assert how(ing, "background") == 1
+            assert how(ing, "background") == 2
             async for _ in chunks:
                 pass
-        await eventually(lambda: how(ing, "background") == 2)
+        await eventually(lambda: how(ing, "background") == 3)
+        assert how(ing, "answer") == 2
         assert how(ing, "background_failed") == 0 and how(ing, "background_skipped") == 0
 
 
@@ -274,12 +359,12 @@ async def two_replicas(
 async def test_a_tokenization_one_replica_asked_for_serves_the_other_without_a_call(nats_server: NatsServer) -> None:
     async with two_replicas(nats_server.url) as (fleet, (a, b), (ca, cb)):
         model = fleet.endpoints[0].model
-        # replica A asks /tokenize on the path and learns the system prompt off it; both
-        # answers reach replica B over NATS
+        # replica A asks /tokenize on the path, and learns the system prompt and the request
+        # with its answer off it; all three reach replica B over NATS
         first = [SYSTEM, {"role": "user", "content": "What was the revenue?"}]
         home = await ask(ca, model, first)
         assert how(a, "request") == 1
-        await eventually(lambda: how(b, "shared") == 2)
+        await eventually(lambda: how(b, "shared") == 3)
         # B never asked, yet matches the next turn and a sibling from what A learnt, and sends
         # them where A sent the conversation (RoundRobin would alternate)
         turn2 = [*first, {"role": "assistant", "content": "It grew."}, {"role": "user", "content": "Why?"}]
@@ -297,7 +382,7 @@ async def test_a_tokenization_one_replica_asked_for_serves_the_other_without_a_c
         # completion prompts too: A asks for turn 1, B matches turn 2 extending it
         text1 = "The quarterly report covers revenue, costs and the outlook for next year. " * 80
         text_home = await complete(ca, model, text1)
-        await eventually(lambda: how(b, "shared") >= 3)
+        await eventually(lambda: how(b, "shared") == 4)
         assert await complete(cb, model, text1 + "Answer: it grew. Question: why? ") == text_home
         assert how(b, "request") == 0 and how(b, "known_prefix") == 3
 
@@ -314,7 +399,7 @@ async def test_a_tokenization_one_replica_asked_for_serves_the_other_without_a_c
             await nc.close()
         dropped = b.app.metrics.registry.get_sample_value
         await eventually(lambda: (dropped("continuum_kv_decisions_dropped_total", {"reason": "decode"}) or 0) == 1)
-        assert how(b, "shared") == 3
+        assert how(b, "shared") == 4
         assert await ask(cb, model, turn2) == home
 
 
@@ -322,6 +407,6 @@ async def test_with_decision_sharing_off_each_replica_asks_for_itself(nats_serve
     async with two_replicas(nats_server.url, share_decisions=False) as (fleet, (a, b), (ca, cb)):
         model = fleet.endpoints[0].model
         await ask(ca, model, [SYSTEM, {"role": "user", "content": "What was the revenue?"}])
-        await eventually(lambda: how(a, "background") == 1)
+        await eventually(lambda: how(a, "background") >= 1)
         await ask(cb, model, [SYSTEM, {"role": "user", "content": "And the costs?"}])
         assert how(b, "request") == 1 and how(b, "shared") == 0 and how(a, "shared") == 0

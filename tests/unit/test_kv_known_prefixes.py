@@ -43,6 +43,16 @@ def test_key_order_inside_a_message_does_not_matter() -> None:
     assert a == b
 
 
+def test_fields_set_to_null_do_not_change_a_digest_but_other_values_do() -> None:
+    plain, _ = conversation_digests({}, "m", [SYS, A1])
+    sdk = {**A1, "refusal": None, "tool_calls": None, "audio": None}
+    replayed, sizes = conversation_digests({}, "m", [SYS, sdk])
+    assert replayed == plain
+    assert sizes[1] == len(b'{"content":"A table.","role":"assistant"}')
+    named, _ = conversation_digests({}, "m", [SYS, {**A1, "name": "bot"}])
+    assert named[1] != plain[1]
+
+
 def test_find_takes_the_longest_prefix_within_reach() -> None:
     store = KnownPrefixes(1000)
     digests, _ = conversation_digests({}, "m", [SYS, U1, A1, U2, A1, U2])

@@ -34,7 +34,7 @@ from continuum_ingress.asgi import Channel
 from continuum_ingress.cache.facade import CacheLookup, CacheStatus
 from continuum_ingress.deadline import Deadline
 from continuum_ingress.errors import NoBackend, RequestError
-from continuum_ingress.hooks import BodyRewriter, RejectionHandler, ResponseRecorder
+from continuum_ingress.hooks import BodyRewriter, RejectionHandler, ResponseRecorder, answer_recorders
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.pool import BackendState
@@ -254,7 +254,8 @@ class Forwarder:
         translator = dialect.translator(state.api, state.stream)
         if first is not None and self.affinity is not None and _makes_response_ids(state, response, translator):
             self.affinity.learn_stream(backend.name, first.first)
-        recorder = self.pipeline.response_cache.recorder(state, lookup) if lookup.status is CacheStatus.MISS else None
+        cached = self.pipeline.response_cache.recorder(state, lookup) if lookup.status is CacheStatus.MISS else None
+        recorder = answer_recorders(state, cached)
         if first is not None:
             response.read_timeout = min(response.read_timeout, spec.stream_idle_timeout_ms / 1000)
             await self._stream(

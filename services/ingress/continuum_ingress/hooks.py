@@ -9,6 +9,10 @@
   caused by its own rewrite (a Gemini cache reference that expired: resend without it).
 * `RequestScorer`: the Tier 4 scorer (kv/selector.py); a `policy.scorer.BackendScorer` (the
   seed's prepare/score contract over a prefix key) is accepted too.
+* `ANSWER_RECORDER`: a component that wants the answer the client receives (the KV scorer
+  learns a conversation's next prefix from it) puts a `ResponseRecorder` in
+  `state.extras[ANSWER_RECORDER]` before the request is forwarded; the forwarder feeds it as it
+  feeds the response cache's recorder.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ if TYPE_CHECKING:
     from continuum_ingress.state import RequestState
 
 
+ANSWER_RECORDER = "answer_recorder"
+
+
 class ResponseRecorder(Protocol):
     """Receives the bytes sent to the client for one upstream answer."""
 
@@ -38,6 +45,40 @@ class ResponseRecorder(Protocol):
 
     def abort(self) -> None:
         """The response failed or was cut short: forget what was fed."""
+
+
+class RecorderPair:
+    """Two recorders fed the same answer (the response cache's and `ANSWER_RECORDER`'s)."""
+
+    __slots__ = ("first", "second")
+
+    def __init__(self, first: ResponseRecorder, second: ResponseRecorder) -> None:
+        self.first = first
+        self.second = second
+
+    def feed(self, chunk: bytes) -> None:
+        self.first.feed(chunk)
+        self.second.feed(chunk)
+
+    async def commit(self, status: int, headers: Sequence[tuple[str, str]]) -> object:
+        try:
+            return await self.first.commit(status, headers)
+        finally:
+            await self.second.commit(status, headers)
+
+    def abort(self) -> None:
+        try:
+            self.first.abort()
+        finally:
+            self.second.abort()
+
+
+def answer_recorders(state: RequestState, cache: ResponseRecorder | None) -> ResponseRecorder | None:
+    """The recorders of one answer: the response cache's (`cache`) and `ANSWER_RECORDER`'s."""
+    answer = state.extras.get(ANSWER_RECORDER)
+    if answer is None:
+        return cache
+    return answer if cache is None else RecorderPair(cache, answer)
 
 
 class ResponseCacheHook(Protocol):

@@ -46,7 +46,9 @@ def conversation_digests(
 ) -> tuple[list[bytes], list[int]]:
     """One digest per leading prefix of `messages` (index i: the first i+1 messages) and each
     message's JSON size. Everything else that changes what the engine renders before the
-    messages (model, tools, template arguments, cache salt) is hashed first."""
+    messages (model, tools, template arguments, cache salt) is hashed first. Fields set to null
+    are left out: a message replayed as an SDK returned it (`"refusal": null`, ...) has the
+    digest of the plain `{"role", "content"}` one."""
     head = orjson.dumps(
         [model, body.get("tools"), body.get("chat_template_kwargs"), body.get("cache_salt")],
         option=orjson.OPT_SORT_KEYS,
@@ -55,6 +57,8 @@ def conversation_digests(
     digests: list[bytes] = []
     sizes: list[int] = []
     for message in messages:
+        if None in message.values():  # `"refusal": null` and a missing field render alike
+            message = {k: v for k, v in message.items() if v is not None}
         data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
         digest = hashlib.blake2b(digest + data, digest_size=16).digest()
         digests.append(digest)

@@ -37,7 +37,7 @@ import asyncio
 import hashlib
 import logging
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from continuum_common.wire.decisions import KIND_CHAT, KIND_TEXT, Tokenized
+from continuum_ingress.hooks import ANSWER_RECORDER
+from continuum_ingress.kv.answers import AnswerReader
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, chat_messages
 from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, KnownTexts, conversation_digests, text_digest
 from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
@@ -72,6 +74,53 @@ class _Lesson:
     nbytes: int
     messages: list[dict[str, Any]] | None = None
     generation: bool = True
+
+
+class _FollowUp:
+    """The lesson a chat request leaves for its next turn, settled once: at the answer's end
+    (`commit`, a `ResponseRecorder` the forwarder feeds; hooks.ANSWER_RECORDER) or, without a
+    readable answer, when the request ends (`request_done`)."""
+
+    __slots__ = ("client", "messages", "own", "owner", "reader", "settled", "state")
+
+    def __init__(
+        self,
+        owner: RemoteTokens,
+        client: Upstream,
+        state: RequestState,
+        messages: list[dict[str, Any]],
+        own: _Lesson | None,
+    ) -> None:
+        self.owner = owner
+        self.client = client
+        self.state = state
+        self.messages = messages
+        self.own = own
+        self.reader: AnswerReader | None = AnswerReader(stream=state.stream)
+        self.settled = False
+
+    def feed(self, chunk: bytes) -> None:
+        if self.reader is not None:
+            self.reader.feed(chunk)
+
+    async def commit(self, status: int, headers: Sequence[tuple[str, str]]) -> object:
+        reader = self.reader
+        self._settle(reader.text() if reader is not None and status < 300 else None)
+        return None
+
+    def abort(self) -> None:
+        self.reader = None  # an answer cut short is not what the client replays
+
+    def request_done(self, _: object) -> None:
+        self._settle(None)
+
+    def _settle(self, text: str | None) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        self.reader = None
+        self.state.extras.pop(ANSWER_RECORDER, None)
+        self.owner._answered(self, text)
 
 
 class RemoteTokens:
@@ -124,8 +173,7 @@ class RemoteTokens:
             if k < n and len(known.chain) > 1 and (len(known.chain) - 1) * self.bs >= self.min_tokens:
                 self.count(self.group.name, "known_prefix")
                 key = digests[n - 1]
-                lesson = _Lesson(key, partial(self._remember_chat, key), sum(sizes))
-                self._background(client, state, lesson, after=True)
+                self._follow_up(client, state, messages, _Lesson(key, partial(self._remember_chat, key), sum(sizes)))
                 estimate = known.tokens + sum(sizes[k:]) * known.tokens / max(1, known.nbytes)
                 return RequestKeys("precise", known.chain[:-1].tolist(), self.bs, max(1, round(estimate)))
         keys = await self._asked(state, client)
@@ -134,6 +182,7 @@ class RemoteTokens:
             key = digests[n - 2]
             remember = partial(self._remember_chat, key)
             self._background(client, state, _Lesson(key, remember, sum(sizes[:-1]), messages[:-1], generation=False))
+        self._follow_up(client, state, messages, None)
         return keys
 
     async def _completion_keys(self, state: RequestState, client: Upstream) -> RequestKeys:
@@ -227,6 +276,51 @@ class RemoteTokens:
             self._pending.discard(lesson.key)
         self.count(self.group.name, "background")
         lesson.remember(Known(array("Q", keys.chain), len(tokens), lesson.nbytes))
+
+    # -- the next turn: this one's messages and its answer ------------------------------------
+    def _follow_up(
+        self, client: Upstream, state: RequestState, messages: list[dict[str, Any]], own: _Lesson | None
+    ) -> None:
+        """Learn, once `state` has been answered, what its next turn will start with: its
+        messages plus the answer the client received (kv/answers.py) when the answer can be
+        read, else its own messages (`own`, when they are not known yet)."""
+        if state.api is not Api.CHAT or state.key_api is not Api.CHAT or state.task is None:
+            if own is not None:
+                self._background(client, state, own, after=True)
+            return
+        follow = _FollowUp(self, client, state, messages, own)
+        state.extras[ANSWER_RECORDER] = follow
+        state.task.add_done_callback(follow.request_done)
+
+    def _answered(self, follow: _FollowUp, text: str | None) -> None:
+        state = follow.state
+        if text is None:
+            self.count(self.group.name, "no_answer")
+            if follow.own is not None:
+                self._background(follow.client, state, follow.own)
+            return
+        self.count(self.group.name, "answer")
+        messages = [*follow.messages, {"role": "assistant", "content": text}]
+        digests, sizes = conversation_digests(state.key_body, state.model, messages)
+        key = digests[-1]
+        if self.known is not None and key not in self.known:
+            own = follow.own.key if follow.own is not None else None
+            remember = partial(self._remember_answer, key, own, sum(sizes[:-1]))
+            self._background(follow.client, state, _Lesson(key, remember, sum(sizes), messages, generation=False))
+
+    def _remember_answer(self, key: bytes, own: bytes | None, own_nbytes: int, known: Known) -> None:
+        """A conversation with its answer, and (`own`, when not known yet) the conversation
+        without it: the answer's tokenization begins with the request's own (the template
+        renders the assistant header of the generation prompt, then the answer), to a boundary
+        estimated from the JSON sizes less a block. A next turn that does not replay the answer
+        verbatim still finds what was asked before it."""
+        self._remember_chat(key, known)
+        if own is None or self.known is None or own in self.known:
+            return
+        share = own_nbytes / max(1, known.nbytes)
+        blocks = int(len(known.chain) * share) - 1
+        if blocks >= 2:
+            self._remember_chat(own, Known(known.chain[:blocks], round(known.tokens * share), own_nbytes))
 
     # -- remembering, here and on the other replicas ----------------------------------------
     def _remember_chat(self, digest: bytes, known: Known) -> None:

@@ -1,0 +1,121 @@
+"""The answer a chat completion gave, read from the bytes the client received (kv/answers.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from continuum_ingress.kv.answers import AnswerReader
+
+
+def sse(*chunks: dict[str, Any] | str) -> bytes:
+    out = b""
+    for chunk in chunks:
+        data = chunk if isinstance(chunk, str) else orjson.dumps(chunk).decode()
+        out += f"data: {data}\n\n".encode()
+    return out
+
+
+def delta(content: str | None = None, index: int = 0, **extra: Any) -> dict[str, Any]:
+    part: dict[str, Any] = {"content": content} if content is not None else {}
+    part.update(extra)
+    return {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": index, "delta": part}]}
+
+
+def streamed(body: bytes, step: int = 0) -> str | None:
+    reader = AnswerReader(stream=True)
+    if step:
+        for i in range(0, len(body), step):
+            reader.feed(body[i : i + step])
+    else:
+        reader.feed(body)
+    return reader.text()
+
+
+STREAM = sse(
+    delta(role="assistant"),
+    delta("Revenue "),
+    delta("grew by 12%.\\n"),
+    {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    {"id": "c", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 5}},
+    "[DONE]",
+)
+
+
+@pytest.mark.parametrize("step", [0, 1, 7, 64])
+def test_a_stream_gives_its_text_however_it_is_cut(step: int) -> None:
+    assert streamed(STREAM, step) == "Revenue grew by 12%.\\n"
+
+
+def test_crlf_line_ends_and_an_empty_answer() -> None:
+    body = STREAM.replace(b"\n", b"\r\n")
+    assert streamed(body) == "Revenue grew by 12%.\\n"
+    assert streamed(sse(delta(role="assistant"), "[DONE]")) == ""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        sse(delta("Revenue ")),  # no [DONE]: cut short
+        sse(delta("a"), delta("b", index=1), "[DONE]"),  # a second choice
+        sse(delta("a"), delta(tool_calls=[{"index": 0, "function": {"name": "f"}}]), "[DONE]"),
+        sse(delta(function_call={"name": "f"}), "[DONE]"),
+        sse(delta("a"), {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}, "[DONE]"),
+        sse(delta("a"), {"error": {"message": "engine died"}}, "[DONE]"),
+        sse(delta("a"), "{not json", "[DONE]"),
+        sse(delta("a"), {"choices": "nope"}, "[DONE]"),
+        sse({"choices": [{"index": 0, "delta": {"content": 3}}]}, "[DONE]"),
+    ],
+)
+def test_a_stream_that_cannot_be_replayed_as_a_plain_message_gives_nothing(body: bytes) -> None:
+    assert streamed(body) is None
+
+
+def test_an_answer_larger_than_the_bound_is_dropped_and_not_kept() -> None:
+    reader = AnswerReader(stream=True, max_bytes=100)
+    reader.feed(sse(delta("x" * 60)))
+    reader.feed(sse(delta("y" * 60), "[DONE]"))
+    assert reader.text() is None
+    one_event = AnswerReader(stream=True, max_bytes=100)
+    one_event.feed(sse(delta("x" * 200), "[DONE]"))
+    assert one_event.text() is None
+    whole = AnswerReader(stream=False, max_bytes=100)
+    whole.feed(b"{" + b" " * 200)
+    assert whole.text() is None
+
+
+def completion(*choices: dict[str, Any]) -> bytes:
+    return orjson.dumps({"id": "c", "object": "chat.completion", "choices": list(choices)})
+
+
+def whole(body: bytes) -> str | None:
+    reader = AnswerReader(stream=False)
+    reader.feed(body[:10])
+    reader.feed(body[10:])
+    return reader.text()
+
+
+def test_a_whole_body_gives_its_message() -> None:
+    message = {"role": "assistant", "content": "Lower.", "refusal": None, "tool_calls": []}
+    assert whole(completion({"index": 0, "message": message, "finish_reason": "stop"})) == "Lower."
+    assert whole(completion({"index": 0, "message": {"role": "assistant", "content": None}})) == ""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        completion(
+            {"index": 0, "message": {"role": "assistant", "content": "a"}},
+            {"index": 1, "message": {"role": "assistant", "content": "b"}},
+        ),
+        completion({"index": 0, "message": {"role": "assistant", "tool_calls": [{"id": "t"}]}}),
+        completion({"index": 0, "message": {"role": "assistant", "content": [{"type": "text"}]}}),
+        b'{"error": {"message": "bad"}}',
+        b"[1, 2]",
+        b"not json",
+    ],
+)
+def test_a_whole_body_that_cannot_be_replayed_gives_nothing(body: bytes) -> None:
+    assert whole(body) is None
