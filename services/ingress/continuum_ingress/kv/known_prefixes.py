@@ -57,9 +57,10 @@ def conversation_digests(
     digests: list[bytes] = []
     sizes: list[int] = []
     for message in messages:
+        plain = message
         if None in message.values():  # `"refusal": null` and a missing field render alike
-            message = {k: v for k, v in message.items() if v is not None}
-        data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+            plain = {k: v for k, v in message.items() if v is not None}
+        data = orjson.dumps(plain, option=orjson.OPT_SORT_KEYS)
         digest = hashlib.blake2b(digest + data, digest_size=16).digest()
         digests.append(digest)
         sizes.append(len(data))
