@@ -98,7 +98,7 @@ def whole(body: bytes) -> str | None:
 
 
 def test_a_whole_body_gives_its_message() -> None:
-    message = {"role": "assistant", "content": "Lower.", "refusal": None, "tool_calls": []}
+    message: dict[str, Any] = {"role": "assistant", "content": "Lower.", "refusal": None, "tool_calls": []}
     assert whole(completion({"index": 0, "message": message, "finish_reason": "stop"})) == "Lower."
     assert whole(completion({"index": 0, "message": {"role": "assistant", "content": None}})) == ""
 
@@ -119,3 +119,62 @@ def test_a_whole_body_gives_its_message() -> None:
 )
 def test_a_whole_body_that_cannot_be_replayed_gives_nothing(body: bytes) -> None:
     assert whole(body) is None
+
+
+class Owner:
+    """Stands in for RemoteTokens: records how each follow-up settled."""
+
+    def __init__(self) -> None:
+        self.settled: list[str | None] = []
+
+    def _answered(self, follow: Any, text: str | None) -> None:
+        self.settled.append(text)
+
+
+def follow_up(stream: bool) -> tuple[Any, Owner, dict[str, Any]]:
+    from types import SimpleNamespace
+
+    from continuum_ingress.hooks import ANSWER_RECORDER
+    from continuum_ingress.kv.remote_tokens import _FollowUp
+
+    owner = Owner()
+    state = SimpleNamespace(stream=stream, extras={})
+    follow = _FollowUp(owner, None, state, [], None)  # type: ignore[arg-type]
+    state.extras[ANSWER_RECORDER] = follow
+    return follow, owner, state.extras
+
+
+async def test_a_follow_up_settles_once_with_the_answer_the_client_got() -> None:
+    follow, owner, extras = follow_up(stream=True)
+    follow.feed(STREAM)
+    await follow.commit(200, [])
+    follow.request_done(None)
+    follow.abort()
+    assert owner.settled == ["Revenue grew by 12%.\\n"]
+    assert not extras  # the forwarder of a retry would not feed it again
+
+
+async def test_a_stream_closed_by_the_client_after_done_is_still_a_whole_answer() -> None:
+    follow, owner, _ = follow_up(stream=True)
+    follow.feed(STREAM)
+    follow.abort()  # the client closed on [DONE]; the request ends cancelled
+    assert owner.settled == ["Revenue grew by 12%.\\n"]
+    cut, cut_owner, _ = follow_up(stream=True)
+    cut.feed(STREAM[:40])
+    cut.abort()
+    cut.request_done(None)
+    assert cut_owner.settled == [None]
+
+
+async def test_a_failed_or_unfed_answer_settles_empty_when_the_request_ends() -> None:
+    failed, owner, _ = follow_up(stream=False)
+    failed.feed(b'{"error": {"message": "nope"}}')
+    await failed.commit(400, [])
+    assert owner.settled == [None]
+    unfed, unfed_owner, _ = follow_up(stream=False)
+    unfed.request_done(None)
+    assert unfed_owner.settled == [None]
+    whole, whole_owner, _ = follow_up(stream=False)
+    whole.feed(completion({"index": 0, "message": {"role": "assistant", "content": "Lower."}}))
+    whole.abort()  # a whole body the forwarder gave up on: not replayed
+    assert whole_owner.settled == [None]

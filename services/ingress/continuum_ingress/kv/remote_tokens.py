@@ -109,7 +109,11 @@ class _FollowUp:
         return None
 
     def abort(self) -> None:
-        self.reader = None  # an answer cut short is not what the client replays
+        # An answer cut short is not what the client replays. A stream whose `[DONE]` went out
+        # is whole, though: clients often close the connection on it, before the upstream's
+        # end reaches the ingress, and the request then ends cancelled.
+        reader = self.reader
+        self._settle(reader.text() if reader is not None and reader.stream else None)
 
     def request_done(self, _: object) -> None:
         self._settle(None)
