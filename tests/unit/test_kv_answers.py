@@ -127,7 +127,7 @@ class Owner:
     def __init__(self) -> None:
         self.settled: list[str | None] = []
 
-    def _answered(self, follow: Any, text: str | None) -> None:
+    def answered(self, follow: Any, text: str | None) -> None:
         self.settled.append(text)
 
 

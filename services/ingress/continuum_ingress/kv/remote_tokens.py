@@ -12,7 +12,10 @@ many requests share their first messages (a system prompt, a document).
   block is left out: a chat template may render the end of a conversation (the generation
   prompt) differently from the same point inside a longer one. Its newest messages are not
   matched (nobody holds them yet, except for an exact repeat). Off the path, once it has been
-  answered, its own messages are tokenized (what its next turn will share).
+  answered, its messages followed by its answer are tokenized (what its next turn starts
+  with, and what the engine that generated the answer holds): the answer is read from the
+  bytes the client received (kv/answers.py; `_FollowUp`, fed by the forwarder through
+  hooks.ANSWER_RECORDER). Without a readable answer, its own messages are tokenized instead.
 * **Completions.** A prompt that repeats a known one, or starts with a known one's text (to a
   512-byte chunk), is matched with the known prompt's block hashes up to a margin short of the
   shared text (tokens per byte estimated from the known prompt), however long the rest: as in
@@ -124,7 +127,7 @@ class _FollowUp:
         self.settled = True
         self.reader = None
         self.state.extras.pop(ANSWER_RECORDER, None)
-        self.owner._answered(self, text)
+        self.owner.answered(self, text)
 
 
 class RemoteTokens:
@@ -296,7 +299,9 @@ class RemoteTokens:
         state.extras[ANSWER_RECORDER] = follow
         state.task.add_done_callback(follow.request_done)
 
-    def _answered(self, follow: _FollowUp, text: str | None) -> None:
+    def answered(self, follow: _FollowUp, text: str | None) -> None:
+        """A chat request's follow-up settled: learn its messages with `text`, its answer, or
+        without one its own messages."""
         state = follow.state
         if text is None:
             self.count(self.group.name, "no_answer")
