@@ -35,6 +35,7 @@ from continuum_common.kvindex.block_memory import InMemoryBlockIndex
 from continuum_common.kvindex.memory import InMemoryKvIndex
 from continuum_common.procs import NatsServer
 from continuum_common.wire.decisions import (
+    KIND_ANSWER,
     Decision,
     DecisionDecodeError,
     Tokenized,
@@ -259,7 +260,7 @@ load_reports = st.builds(
     st.booleans(),
 )
 decisions = st.builds(
-    Decision, st.text(max_size=20), st.text(max_size=8), st.text(max_size=8), st.integers(0, 1), st.floats(allow_nan=False),
+    Decision, st.text(max_size=20), st.text(max_size=8), st.text(max_size=8), st.integers(0, KIND_ANSWER), st.floats(allow_nan=False),
     st.lists(u64s, max_size=8), st.integers(0, 10**9), st.booleans(),
 )  # fmt: skip
 

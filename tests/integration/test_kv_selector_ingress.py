@@ -12,10 +12,14 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx
+import orjson
+import pytest
 
 from continuum_common.events import EventType, KvEvent
 from continuum_common.hashing import request_prefix_key
 from continuum_common.procs import NatsServer
+from continuum_ingress.kv.chunks import chunk_chain, conversation_bytes
+from continuum_ingress.protocol.apis import Api
 from continuum_testing.indexer_harness import ensure_stream, publish
 from continuum_testing.ingress_harness import RunningIngress, running_ingress, stub_backends
 from continuum_testing.upstream_stub import running_stubs
@@ -182,3 +186,47 @@ async def test_placement_demand_and_start_commitments_reach_every_replica(nats_s
                 await eventually(lambda s=sel: s.commitments.value(home, s.clock()) >= 9_000)  # type: ignore[misc]
                 assert sel.demand.value(other, sel.clock()) == 0
                 assert sel.commitments.value(other, sel.clock()) == 0
+
+
+def answer_text(r: httpx.Response, stream: bool) -> str:
+    if not stream:
+        return str(r.json()["choices"][0]["message"]["content"])
+    text = ""
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in orjson.loads(line[6:])["choices"]:
+                text += choice["delta"].get("content") or ""
+    return text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_answer_is_recorded_where_the_conversation_went(nats_server: NatsServer, stream: bool) -> None:
+    async with running_stubs("a", "b", "c") as stubs:
+        cfg = kv_config(stubs, nats_server.url, approximate={"chunk_bytes": 16})
+        async with ingresses(cfg, 2) as [(ing_a, a), (ing_b, _)]:
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is in it?"}]
+            r = await a.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream})
+            assert r.status_code == 200, r.text
+            home = r.headers["x-continuum-backend"]
+            replayed = [*messages, {"role": "assistant", "content": answer_text(r, stream)}]
+            own = chunk_chain(conversation_bytes(Api.CHAT, {"messages": messages}), 16)
+            chain = chunk_chain(conversation_bytes(Api.CHAT, {"messages": replayed}), 16)
+            assert len(chain) > len(own) and chain[: len(own)] == own
+            # both replicas hold the conversation through its answer where it went, so its next
+            # turn counts only its new question as new work there
+            for ing in (ing_a, ing_b):
+                selector = ing.app.kv.selector  # type: ignore[union-attr]
+                memory = selector.groups["*"].memory
+                await eventually(lambda m=memory, s=selector: m.match(chain, [home], s.clock()) == {home: len(chain)})
+            assert sample(ing_a, "continuum_kv_approximate_answers_total", group="*", outcome="learnt") == 1
+            # the answer is not a request: the other replica's demand is the request's alone
+            sa, sb = ing_a.app.kv.selector, ing_b.app.kv.selector  # type: ignore[union-attr]
+            now = sa.clock()
+            assert sb.demand.value(home, now) == pytest.approx(sa.demand.value(home, now), rel=0.05)
+
+            # an answer that is not a plain message (here: an error) records nothing
+            for stub in stubs:
+                stub.stub.fail_next, stub.stub.fail_status = 1, 400
+            r = await a.post("/v1/chat/completions", json={"model": "m", "messages": replayed[:2], "stream": stream})
+            assert r.status_code == 400
+            assert sample(ing_a, "continuum_kv_approximate_answers_total", group="*", outcome="unreadable") == 1

@@ -5,8 +5,16 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
+import pytest
 
-from continuum_common.wire.decisions import KIND_SPECULATIVE, Decision, decode_decision, encode_decision
+from continuum_common.wire.decisions import (
+    KIND_ANSWER,
+    KIND_SPECULATIVE,
+    Decision,
+    DecisionDecodeError,
+    decode_decision,
+    encode_decision,
+)
 
 
 class _Before(msgspec.Struct, array_like=True, frozen=True):
@@ -37,3 +45,14 @@ def test_replicas_before_and_after_the_flag_read_each_other() -> None:
     assert msgspec.msgpack.decode(new, type=_Before) == _Before(
         "r1", "fleet", "sim-0", KIND_SPECULATIVE, 2.0, [9], 1100
     )
+
+
+def test_answer_records_round_trip_and_older_replicas_refuse_them() -> None:
+    d = Decision("r1", "fleet", "sim-0", KIND_ANSWER, 3.0, [4, 5, 6], 0)
+    assert decode_decision(encode_decision(d)) == d
+    # an older replica cannot decode the new kind: its decoder drops the message (counted as
+    # undecodable) instead of taking it for a request
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(encode_decision(d), type=_Before)
+    with pytest.raises(DecisionDecodeError):
+        decode_decision(msgspec.msgpack.encode(["r0", "fleet", "sim-1", KIND_ANSWER + 1, 1.0, [1], 0]))

@@ -10,8 +10,10 @@ decision. msgpack via msgspec, a tagged array:
 
     [replica, group, backend, kind, ts, keys, new_tokens]
 
-`kind` 0 = speculative block entry (precise mode), 1 = approximate chunk record. `new_tokens` is
-the uncached prompt the backend was given (the replicas' shared view of recent demand).
+`kind` 0 = speculative block entry (precise mode), 1 = approximate chunk record, 2 = what an
+answer added to a conversation routed in approximate mode (recorded as 1, but not a request:
+no demand; replicas that predate it drop it as undecodable, counted). `new_tokens` is the
+uncached prompt the backend was given (the replicas' shared view of recent demand).
 
 On their own subject, `continuum.kv.tokenized.<replica>`, replicas without a local tokenizer
 share what an engine's `/tokenize` answered, so a turn that lands on another replica than the
@@ -42,6 +44,7 @@ TOKENIZED_PREFIX: Final = "continuum.kv.tokenized."
 TOKENIZED_WILDCARD: Final = "continuum.kv.tokenized.*"
 KIND_SPECULATIVE: Final = 0
 KIND_APPROXIMATE: Final = 1
+KIND_ANSWER: Final = 2
 KIND_CHAT: Final = 0
 KIND_TEXT: Final = 1
 MAX_KEYS: Final = 1 << 17
@@ -74,7 +77,7 @@ class Decision(msgspec.Struct, array_like=True, frozen=True):
     replica: str
     group: str
     backend: str
-    kind: Annotated[int, msgspec.Meta(ge=0, le=1)]
+    kind: Annotated[int, msgspec.Meta(ge=0, le=KIND_ANSWER)]
     ts: float
     keys: Annotated[list[_U64], msgspec.Meta(max_length=MAX_KEYS)]
     new_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0

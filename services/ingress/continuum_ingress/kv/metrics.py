@@ -91,6 +91,13 @@ class KvScorerMetrics:
             ["reason"],
             registry=r,
         )
+        self.approximate_answers = Counter(
+            "continuum_kv_approximate_answers",
+            "Answered chat requests routed in approximate mode, by whether their answer could be "
+            "read and recorded for the next turn (learnt) or not (unreadable)",
+            ["group", "outcome"],
+            registry=r,
+        )
         recorded = Gauge(
             "continuum_kv_route_memory_entries",
             "Chain entries this router remembers sending (approximate records, speculative blocks)",

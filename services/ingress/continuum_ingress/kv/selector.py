@@ -26,12 +26,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from continuum_common.config.router import RouterConfig
 from continuum_common.kvindex.types import KvIndexError
 from continuum_common.ring import RouteLabel
-from continuum_common.wire.decisions import KIND_APPROXIMATE, KIND_SPECULATIVE, Decision, Tokenized
+from continuum_common.wire.decisions import KIND_ANSWER, KIND_APPROXIMATE, KIND_SPECULATIVE, Decision, Tokenized
+from continuum_ingress.hooks import ANSWER_RECORDER
+from continuum_ingress.kv.answer_routes import AnswerRoute
 from continuum_ingress.kv.audit import TokenizerAudit
 from continuum_ingress.kv.block_reads import BlockReads
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, build_groups
@@ -50,6 +53,7 @@ from continuum_ingress.policy.kv_cost import (
 )
 from continuum_ingress.policy.kv_scoring import Weights
 from continuum_ingress.policy.scorer import best_scored
+from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.requests import conversation_start, prompt_token_ids
 
 if TYPE_CHECKING:
@@ -331,6 +335,7 @@ class KvSelector:
             memory = group.fallback_memory if group.fallback_memory is not None else group.memory
             memory.record(backend.name, recorded, now)
             kind = KIND_APPROXIMATE
+            self._follow_answer(state, group, backend.name)
         fresh = max(0, plan.prompt_tokens - (h.any_tokens if h is not None else 0))
         state.prefill_tokens = fresh
         self._add_demand(backend.name, fresh, now, start=plan.start)
@@ -339,6 +344,24 @@ class KvSelector:
                 self.replica, group.name, backend.name, kind, time.time(), list(recorded), fresh, plan.start
             )
             self.share(decision)
+
+    def _follow_answer(self, state: RequestState, group: GroupRuntime, backend: str) -> None:
+        """Approximate mode: once a chat request has been answered, record the conversation
+        with its answer where it went (kv/answer_routes.py)."""
+        if state.api is not Api.CHAT or state.key_api is not Api.CHAT or ANSWER_RECORDER in state.extras:
+            return
+        learn = partial(self._learn_answer, group, backend)
+        route = AnswerRoute(state.key_body, stream=state.stream, chunk_bytes=group.approx.chunk_bytes, learn=learn)
+        state.extras[ANSWER_RECORDER] = route
+
+    def _learn_answer(self, group: GroupRuntime, backend: str, chain: list[int] | None) -> None:
+        self.metrics.approximate_answers.labels(group.name, "unreadable" if chain is None else "learnt").inc()
+        if not chain:
+            return
+        memory = group.fallback_memory if group.fallback_memory is not None else group.memory
+        memory.record(backend, chain, self.clock())
+        if self.share is not None and self.share_decisions:
+            self.share(Decision(self.replica, group.name, backend, KIND_ANSWER, time.time(), chain, 0, False))
 
     def _add_demand(self, backend: str, fresh: int, now: float, *, start: bool) -> None:
         tokens = fresh + self.request_tokens
@@ -354,6 +377,10 @@ class KvSelector:
         """A decision another replica made: record it as if it were ours."""
         group = self.groups.get(decision.group)
         if group is None or decision.backend not in self.group_of:
+            return
+        if decision.kind == KIND_ANSWER:  # what an answer added: no request, no demand
+            memory = group.fallback_memory if group.fallback_memory is not None else group.memory
+            memory.record(decision.backend, decision.keys, self.clock())
             return
         self._add_demand(decision.backend, decision.new_tokens, self.clock(), start=decision.start)
         if decision.kind == KIND_SPECULATIVE and group.mode == "precise":
