@@ -2,7 +2,10 @@
 
 Prints µs/op for: the prefix key of a 1 KiB system prompt, a CHWBL lookup with 16 backends ×
 150 virtual nodes, and the response-cache key of a ~2 KiB message list. Targets are the seed's
-figures: prefix key < 10 µs, ring lookup < 5 µs, cache key < 5 µs.
+figures: prefix key < 10 µs, ring lookup < 5 µs, cache key < 5 µs. Also the KV scorer's reading
+of a streamed chat answer (continuum_ingress/kv/answers.py), per chunk of a 120-chunk answer in
+vLLM's chunk format, reader included: budget < 5 µs (set with this benchmark; it runs on the
+event loop for every chunk of every chat stream).
 """
 
 from __future__ import annotations
@@ -14,10 +17,49 @@ import statistics
 import time
 from collections.abc import Callable
 
+import orjson
+
 from continuum_common.hashing import request_prefix_key, response_cache_key
 from continuum_common.ring import HashRing
+from continuum_ingress.kv.answers import AnswerReader
 
-TARGETS_US = {"prefix_key_1KiB": 10.0, "ring_lookup_16x150": 5.0, "cache_key_2KiB": 5.0}
+TARGETS_US = {"prefix_key_1KiB": 10.0, "ring_lookup_16x150": 5.0, "cache_key_2KiB": 5.0, "answer_chunk": 5.0}
+ANSWER_CHUNKS = 120
+
+
+def _answer_chunks() -> Callable[[], object]:
+    """Feeds one chunk of a streamed answer per call; a new reader every ANSWER_CHUNKS + 1."""
+    chunks = [
+        b"data: "
+        + orjson.dumps(
+            {
+                "id": "chatcmpl-5f1e0c2a9b",
+                "object": "chat.completion.chunk",
+                "created": 1733300000,
+                "model": "meta-llama/Llama-3.1-8B-Instruct",
+                "choices": [{"index": 0, "delta": {"content": f" token{i}"}, "logprobs": None, "finish_reason": None}],
+            }
+        )
+        + b"\n\n"
+        for i in range(ANSWER_CHUNKS)
+    ]
+    chunks.append(b"data: [DONE]\n\n")
+    state = {"i": 0, "reader": AnswerReader(stream=True)}
+
+    def feed() -> object:
+        i = state["i"]
+        reader = state["reader"]
+        assert isinstance(reader, AnswerReader) and isinstance(i, int)
+        reader.feed(chunks[i])
+        if i == ANSWER_CHUNKS:
+            text = reader.text()
+            state["reader"] = AnswerReader(stream=True)
+            state["i"] = 0
+            return text
+        state["i"] = i + 1
+        return None
+
+    return feed
 
 
 def _time_per_op(fn: Callable[[], object], number: int, repeats: int) -> list[float]:
@@ -60,6 +102,7 @@ def _fixtures() -> dict[str, Callable[[], object]]:
         "prefix_key_1KiB": lambda: request_prefix_key(chat, enabled=True, max_prefix_length=1024),
         "ring_lookup_16x150": lambda: ring.lookup(keys[next(counter) & 1023], "m", loads),
         "cache_key_2KiB": (lambda: response_cache_key(body, tenant_id="tenant-a")),
+        "answer_chunk": _answer_chunks(),
         "_cache_key_bytes": lambda: size,
     }
 

@@ -49,9 +49,12 @@ def test_a_stream_gives_its_text_however_it_is_cut(step: int) -> None:
     assert streamed(STREAM, step) == "Revenue grew by 12%.\\n"
 
 
-def test_crlf_line_ends_and_an_empty_answer() -> None:
+def test_crlf_line_ends_a_byte_order_mark_other_fields_and_an_empty_answer() -> None:
     body = STREAM.replace(b"\n", b"\r\n")
     assert streamed(body) == "Revenue grew by 12%.\\n"
+    assert streamed(b"\xef\xbb\xbf" + STREAM, 3) == "Revenue grew by 12%.\\n"
+    fields = b": keep-alive\n\nevent: message\nid: 7\n" + STREAM.replace(b"data: ", b"data:", 2)
+    assert streamed(fields, 5) == "Revenue grew by 12%.\\n"
     assert streamed(sse(delta(role="assistant"), "[DONE]")) == ""
 
 
@@ -67,6 +70,8 @@ def test_crlf_line_ends_and_an_empty_answer() -> None:
         sse(delta("a"), "{not json", "[DONE]"),
         sse(delta("a"), {"choices": "nope"}, "[DONE]"),
         sse({"choices": [{"index": 0, "delta": {"content": 3}}]}, "[DONE]"),
+        # one event's JSON over two data lines (legal SSE, never sent by OpenAI-style servers)
+        b'data: {"choices": [{"index": 0,\ndata: "delta": {"content": "a"}}]}\n\n' + sse("[DONE]"),
     ],
 )
 def test_a_stream_that_cannot_be_replayed_as_a_plain_message_gives_nothing(body: bytes) -> None:

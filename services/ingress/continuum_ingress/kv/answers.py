@@ -18,22 +18,25 @@ from typing import Any, Final
 
 import orjson
 
-from continuum_common.sse import SseLimitError, SseSplitter
-
 MAX_ANSWER_BYTES: Final = 256 * 1024  # a longer answer is not learnt (nor buffered)
 _CALLS: Final = ("tool_calls", "function_call")
+_BOM: Final = b"\xef\xbb\xbf"
 
 
 class AnswerReader:
-    """Collects one chat completion's assistant text; `text()` once the response is complete."""
+    """Collects one chat completion's assistant text; `text()` once the response is complete.
 
-    __slots__ = ("_body", "_done", "_failed", "_parts", "_size", "_splitter", "max_bytes", "stream")
+    It runs on the event loop for every chunk of every stream, so a stream is read line by
+    line with bytes methods, not with a general SSE parser: OpenAI-style streams put each
+    chunk's JSON on one `data:` line. An event whose data spans several lines does not parse
+    as JSON and makes the answer unusable (never a wrong text)."""
+
+    __slots__ = ("_body", "_done", "_failed", "_parts", "_size", "_tail", "max_bytes", "stream")
 
     def __init__(self, *, stream: bool, max_bytes: int = MAX_ANSWER_BYTES) -> None:
         self.stream = stream
         self.max_bytes = max_bytes
-        self._splitter = SseSplitter(limit=max_bytes) if stream else None
-        self._body = bytearray()
+        self._body = bytearray()  # a whole body, or a stream's unfinished line
         self._parts: list[str] = []
         self._size = 0
         self._done = False
@@ -42,25 +45,35 @@ class AnswerReader:
     def feed(self, chunk: bytes) -> None:
         if self._failed:
             return
-        if self._splitter is None:
+        if not self.stream:
             self._body += chunk
             if len(self._body) > self.max_bytes:
                 self._fail()
             return
-        try:
-            events = self._splitter.feed(chunk)
-        except SseLimitError:
-            self._fail()
-            return
-        for event in events:
-            if event.data is not None and not self._failed:
-                self._delta(event.data)
+        if self._body:
+            self._body += chunk
+            data = bytes(self._body)
+            self._body.clear()
+        elif not self._parts and chunk.startswith(_BOM):  # the stream's first bytes
+            data = chunk[len(_BOM) :]
+        else:
+            data = chunk
+        lines = data.split(b"\n")
+        tail = lines.pop()  # b"" when the chunk ended with its line
+        for line in lines:
+            if line.startswith(b"data:") and not self._failed:
+                self._data(line[5:].strip())
+        if tail and not self._failed:
+            if len(tail) > self.max_bytes:
+                self._fail()
+            else:
+                self._body += tail
 
     def text(self) -> str | None:
         """The answer's text, or None when it cannot be replayed as a plain assistant message."""
         if self._failed:
             return None
-        if self._splitter is None:
+        if not self.stream:
             return _whole_text(bytes(self._body))
         return "".join(self._parts) if self._done else None
 
@@ -68,10 +81,9 @@ class AnswerReader:
         self._failed = True
         self._parts = []
         self._body = bytearray()
-        self._splitter = None
 
-    def _delta(self, data: str) -> None:
-        if data == "[DONE]":
+    def _data(self, data: bytes) -> None:
+        if data == b"[DONE]":
             self._done = True
             return
         try:
@@ -91,11 +103,11 @@ class AnswerReader:
             if content is None:
                 self._fail()
                 return
-            self._size += len(content)
-            if self._size > self.max_bytes:
-                self._fail()
-                return
             if content:
+                self._size += len(content)
+                if self._size > self.max_bytes:
+                    self._fail()
+                    return
                 self._parts.append(content)
 
 
