@@ -31,7 +31,7 @@ class AnswerReader:
     chunk's JSON on one `data:` line. An event whose data spans several lines does not parse
     as JSON and makes the answer unusable (never a wrong text)."""
 
-    __slots__ = ("_body", "_done", "_failed", "_parts", "_size", "_tail", "max_bytes", "stream")
+    __slots__ = ("_body", "_done", "_failed", "_parts", "_size", "max_bytes", "stream")
 
     def __init__(self, *, stream: bool, max_bytes: int = MAX_ANSWER_BYTES) -> None:
         self.stream = stream
