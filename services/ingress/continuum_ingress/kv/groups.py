@@ -78,6 +78,11 @@ class GroupRuntime:
                 capacity = max(1, int(self.approx.capacity_tokens / self.chunk_tokens))
             self.memory = RouteMemory(float(self.approx.ttl_seconds), capacity=capacity)
 
+    @property
+    def approximate_memory(self) -> RouteMemory:
+        """Where this group's approximate chunk records live (a precise group's fallback)."""
+        return self.fallback_memory if self.fallback_memory is not None else self.memory
+
     def _load_precise(self, group: MatchGroup) -> None:
         from continuum_common.hashing.blocks import make_block_hasher
 

@@ -250,8 +250,7 @@ class KvSelector:
         prompt = keys.prompt_tokens
         per_key = keys.tokens_per_key
         if keys.mode == "approximate":
-            memory = group.fallback_memory if group.fallback_memory is not None else group.memory
-            for backend, n in memory.match(keys.chain, names, now).items():
+            for backend, n in group.approximate_memory.match(keys.chain, names, now).items():
                 tokens = min(prompt, round(n * per_key))
                 held[backend] = Held(tokens, tokens)
             return
@@ -332,8 +331,7 @@ class KvSelector:
             group.memory.record(backend.name, recorded, now)
             kind = KIND_SPECULATIVE
         else:
-            memory = group.fallback_memory if group.fallback_memory is not None else group.memory
-            memory.record(backend.name, recorded, now)
+            group.approximate_memory.record(backend.name, recorded, now)
             kind = KIND_APPROXIMATE
             self._follow_answer(state, group, backend.name)
         fresh = max(0, plan.prompt_tokens - (h.any_tokens if h is not None else 0))
@@ -358,8 +356,7 @@ class KvSelector:
         self.metrics.approximate_answers.labels(group.name, "unreadable" if chain is None else "learnt").inc()
         if not chain:
             return
-        memory = group.fallback_memory if group.fallback_memory is not None else group.memory
-        memory.record(backend, chain, self.clock())
+        group.approximate_memory.record(backend, chain, self.clock())
         if self.share is not None and self.share_decisions:
             self.share(Decision(self.replica, group.name, backend, KIND_ANSWER, time.time(), chain, 0, False))
 
@@ -379,16 +376,14 @@ class KvSelector:
         if group is None or decision.backend not in self.group_of:
             return
         if decision.kind == KIND_ANSWER:  # what an answer added: no request, no demand
-            memory = group.fallback_memory if group.fallback_memory is not None else group.memory
-            memory.record(decision.backend, decision.keys, self.clock())
+            group.approximate_memory.record(decision.backend, decision.keys, self.clock())
             return
         self._add_demand(decision.backend, decision.new_tokens, self.clock(), start=decision.start)
         if decision.kind == KIND_SPECULATIVE and group.mode == "precise":
             # the part of the chain the sender's (and so our) block index did not confirm yet
             group.memory.record(decision.backend, decision.keys, self.clock())
         elif decision.kind == KIND_APPROXIMATE:
-            memory = group.fallback_memory if group.fallback_memory is not None else group.memory
-            memory.record(decision.backend, decision.keys, self.clock())
+            group.approximate_memory.record(decision.backend, decision.keys, self.clock())
 
     @property
     def shares_tokenizations(self) -> bool:
