@@ -1,4 +1,5 @@
-"""The answer a chat completion gave, read from the bytes the client received (kv/answers.py)."""
+"""The answer a chat completion gave, read from the bytes the client received (kv/answers.py),
+and the chunk chain of a conversation followed by its answer (kv/chunks.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-from continuum_ingress.kv.answers import AnswerReader
+from continuum_ingress.kv.answers import AnswerReader, AnswerRecorder
+from continuum_ingress.kv.chunks import answered_chain, chunk_chain, conversation_bytes
+from continuum_ingress.protocol.apis import Api
 
 
 def sse(*chunks: dict[str, Any] | str) -> bytes:
@@ -126,60 +129,69 @@ def test_a_whole_body_that_cannot_be_replayed_gives_nothing(body: bytes) -> None
     assert whole(body) is None
 
 
-class Owner:
-    """Stands in for RemoteTokens: records how each follow-up settled."""
-
-    def __init__(self) -> None:
-        self.settled: list[str | None] = []
-
-    def answered(self, follow: Any, text: str | None) -> None:
-        self.settled.append(text)
+def recorder(stream: bool) -> tuple[AnswerRecorder, list[str | None]]:
+    settled: list[str | None] = []
+    return AnswerRecorder(stream=stream, on_answer=settled.append), settled
 
 
-def follow_up(stream: bool) -> tuple[Any, Owner, dict[str, Any]]:
-    from types import SimpleNamespace
-
-    from continuum_ingress.hooks import ANSWER_RECORDER
-    from continuum_ingress.kv.remote_tokens import _FollowUp
-
-    owner = Owner()
-    state = SimpleNamespace(stream=stream, extras={})
-    follow = _FollowUp(owner, None, state, [], None)  # type: ignore[arg-type]
-    state.extras[ANSWER_RECORDER] = follow
-    return follow, owner, state.extras
-
-
-async def test_a_follow_up_settles_once_with_the_answer_the_client_got() -> None:
-    follow, owner, extras = follow_up(stream=True)
+async def test_a_recorder_settles_once_with_the_answer_the_client_got() -> None:
+    follow, settled = recorder(stream=True)
     follow.feed(STREAM)
     await follow.commit(200, [])
-    follow.request_done(None)
+    follow.settle(None)  # the request ended
     follow.abort()
-    assert owner.settled == ["Revenue grew by 12%.\\n"]
-    assert not extras  # the forwarder of a retry would not feed it again
+    follow.feed(STREAM)  # a retry's forwarder feeding it again changes nothing
+    await follow.commit(200, [])
+    assert settled == ["Revenue grew by 12%.\\n"]
 
 
 async def test_a_stream_closed_by_the_client_after_done_is_still_a_whole_answer() -> None:
-    follow, owner, _ = follow_up(stream=True)
+    follow, settled = recorder(stream=True)
     follow.feed(STREAM)
     follow.abort()  # the client closed on [DONE]; the request ends cancelled
-    assert owner.settled == ["Revenue grew by 12%.\\n"]
-    cut, cut_owner, _ = follow_up(stream=True)
+    assert settled == ["Revenue grew by 12%.\\n"]
+    cut, cut_settled = recorder(stream=True)
     cut.feed(STREAM[:40])
     cut.abort()
-    cut.request_done(None)
-    assert cut_owner.settled == [None]
+    cut.settle(None)
+    assert cut_settled == [None]
 
 
 async def test_a_failed_or_unfed_answer_settles_empty_when_the_request_ends() -> None:
-    failed, owner, _ = follow_up(stream=False)
+    failed, settled = recorder(stream=False)
     failed.feed(b'{"error": {"message": "nope"}}')
     await failed.commit(400, [])
-    assert owner.settled == [None]
-    unfed, unfed_owner, _ = follow_up(stream=False)
-    unfed.request_done(None)
-    assert unfed_owner.settled == [None]
-    whole, whole_owner, _ = follow_up(stream=False)
+    assert settled == [None]
+    unfed, unfed_settled = recorder(stream=False)
+    unfed.settle(None)
+    assert unfed_settled == [None]
+    whole, whole_settled = recorder(stream=False)
     whole.feed(completion({"index": 0, "message": {"role": "assistant", "content": "Lower."}}))
     whole.abort()  # a whole body the forwarder gave up on: not replayed
-    assert whole_owner.settled == [None]
+    assert whole_settled == [None]
+    committed, committed_settled = recorder(stream=False)
+    committed.feed(completion({"index": 0, "message": {"role": "assistant", "content": "Lower."}}))
+    await committed.commit(200, [])
+    assert committed_settled == ["Lower."]
+
+
+ANSWER = "A table of quarterly revenue, by region, with notes. " * 4
+BODY: dict[str, Any] = {
+    "model": "m",
+    "messages": [
+        {"role": "system", "content": "You answer questions about the report. " * 20},
+        {"role": "user", "content": "What is on page one?"},
+    ],
+}
+
+
+def test_the_answered_chain_extends_the_request_and_starts_the_next_turn() -> None:
+    own = chunk_chain(conversation_bytes(Api.CHAT, BODY), 32)
+    answered = answered_chain(BODY, ANSWER, 32)
+    assert answered[: len(own)] == own and len(answered) > len(own)
+    next_turn = {
+        **BODY,
+        "messages": [*BODY["messages"], {"role": "assistant", "content": ANSWER}, {"role": "user", "content": "Why?"}],
+    }
+    assert chunk_chain(conversation_bytes(Api.CHAT, next_turn), 32)[: len(answered)] == answered
+    assert BODY["messages"][-1]["role"] == "user"  # the request's body is left as it was

@@ -1,5 +1,6 @@
-"""The answer an OpenAI chat completion gave, read from the bytes the client received (pure;
-used by kv/remote_tokens.py, docs/kv-scorer.md "Remembered tokenizations").
+"""The answer an OpenAI chat completion gave, read from the bytes the client received (no I/O;
+used by kv/remote_tokens.py and kv/selector.py, docs/kv-scorer.md "Remembered tokenizations"
+and "Approximate").
 
 Why: the next turn of a conversation starts with this turn's messages *and its answer*, and the
 engine that generated the answer holds it in its KV cache. Knowing the answer's tokens before
@@ -10,10 +11,13 @@ on its path.
 JSON body) and gives the text a client replays as `{"role": "assistant", "content": text}`, or
 None when the answer cannot be replayed that way: more than one choice, tool or function calls,
 an error event, a stream without its `data: [DONE]`, malformed JSON, or more than `max_bytes`.
+`AnswerRecorder` is the `ResponseRecorder` (hooks.ANSWER_RECORDER) around it that hands the
+answer, or None, to its owner exactly once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import orjson
@@ -109,6 +113,40 @@ class AnswerReader:
                     self._fail()
                     return
                 self._parts.append(content)
+
+
+class AnswerRecorder:
+    """Reads the answer the forwarder feeds it and calls `on_answer` once: with the text when
+    the answer was whole and usable, else with None. `settle(None)` ends it early (the owner's
+    request ended without an answer); later calls do nothing."""
+
+    __slots__ = ("on_answer", "reader")
+
+    def __init__(self, *, stream: bool, on_answer: Callable[[str | None], None]) -> None:
+        self.on_answer = on_answer
+        self.reader: AnswerReader | None = AnswerReader(stream=stream)
+
+    def feed(self, chunk: bytes) -> None:
+        if self.reader is not None:
+            self.reader.feed(chunk)
+
+    async def commit(self, status: int, headers: Sequence[tuple[str, str]]) -> object:
+        reader = self.reader
+        self.settle(reader.text() if reader is not None and status < 300 else None)
+        return None
+
+    def abort(self) -> None:
+        # An answer cut short is not what the client replays. A stream whose `[DONE]` went out
+        # is whole, though: clients often close the connection on it, before the upstream's
+        # end reaches the ingress, and the request then ends cancelled.
+        reader = self.reader
+        self.settle(reader.text() if reader is not None and reader.stream else None)
+
+    def settle(self, text: str | None) -> None:
+        if self.reader is None:
+            return
+        self.reader = None
+        self.on_answer(text)
 
 
 def _choice_part(choice: Any, field: str) -> str | None:

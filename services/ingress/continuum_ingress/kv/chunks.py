@@ -1,5 +1,5 @@
 """Approximate matching keys: a request's conversation as chained hashes of fixed-size text
-chunks (pure; docs/kv-scorer.md, "Approximate mode").
+chunks (pure; docs/kv-scorer.md, "Approximate").
 
 No tokenizer and no engine events are needed: the ingress renders the conversation in a
 canonical form (roles and texts with separators that cannot occur in JSON strings' text), cuts
@@ -56,6 +56,15 @@ def conversation_bytes(api: Api, body: Mapping[str, Any]) -> bytes:
                 parts.append(_MESSAGE + (role if isinstance(role, str) else "") + _FIELD)
                 parts.append(content_text(message.get("content")))
     return "".join(parts).encode("utf-8", "surrogatepass")
+
+
+def answered_chain(body: Mapping[str, Any], text: str, chunk_bytes: int) -> list[int]:
+    """The chunk chain of a chat request's conversation followed by its answer: what its next
+    turn, which resends the answer, starts with."""
+    messages = body.get("messages")
+    history = messages if isinstance(messages, list) else []
+    extended = {**body, "messages": [*history, {"role": "assistant", "content": text}]}
+    return chunk_chain(conversation_bytes(Api.CHAT, extended), chunk_bytes)
 
 
 def chunk_chain(data: bytes, chunk_bytes: int) -> list[int]:

@@ -14,7 +14,7 @@ many requests share their first messages (a system prompt, a document).
   matched (nobody holds them yet, except for an exact repeat). Off the path, once it has been
   answered, its messages followed by its answer are tokenized (what its next turn starts
   with, and what the engine that generated the answer holds): the answer is read from the
-  bytes the client received (kv/answers.py; `_FollowUp`, fed by the forwarder through
+  bytes the client received (kv/answers.py `AnswerRecorder`, fed by the forwarder through
   hooks.ANSWER_RECORDER). Without a readable answer, its own messages are tokenized instead.
 * **Completions.** A prompt that repeats a known one, or starts with a known one's text (to a
   512-byte chunk), is matched with the known prompt's block hashes up to a margin short of the
@@ -40,7 +40,7 @@ import asyncio
 import hashlib
 import logging
 from array import array
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -49,7 +49,7 @@ import orjson
 
 from continuum_common.wire.decisions import KIND_CHAT, KIND_TEXT, Tokenized
 from continuum_ingress.hooks import ANSWER_RECORDER
-from continuum_ingress.kv.answers import AnswerReader
+from continuum_ingress.kv.answers import AnswerRecorder
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, chat_messages
 from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, KnownTexts, conversation_digests, text_digest
 from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
@@ -77,57 +77,6 @@ class _Lesson:
     nbytes: int
     messages: list[dict[str, Any]] | None = None
     generation: bool = True
-
-
-class _FollowUp:
-    """The lesson a chat request leaves for its next turn, settled once: at the answer's end
-    (`commit`, a `ResponseRecorder` the forwarder feeds; hooks.ANSWER_RECORDER) or, without a
-    readable answer, when the request ends (`request_done`)."""
-
-    __slots__ = ("client", "messages", "own", "owner", "reader", "settled", "state")
-
-    def __init__(
-        self,
-        owner: RemoteTokens,
-        client: Upstream,
-        state: RequestState,
-        messages: list[dict[str, Any]],
-        own: _Lesson | None,
-    ) -> None:
-        self.owner = owner
-        self.client = client
-        self.state = state
-        self.messages = messages
-        self.own = own
-        self.reader: AnswerReader | None = AnswerReader(stream=state.stream)
-        self.settled = False
-
-    def feed(self, chunk: bytes) -> None:
-        if self.reader is not None:
-            self.reader.feed(chunk)
-
-    async def commit(self, status: int, headers: Sequence[tuple[str, str]]) -> object:
-        reader = self.reader
-        self._settle(reader.text() if reader is not None and status < 300 else None)
-        return None
-
-    def abort(self) -> None:
-        # An answer cut short is not what the client replays. A stream whose `[DONE]` went out
-        # is whole, though: clients often close the connection on it, before the upstream's
-        # end reaches the ingress, and the request then ends cancelled.
-        reader = self.reader
-        self._settle(reader.text() if reader is not None and reader.stream else None)
-
-    def request_done(self, _: object) -> None:
-        self._settle(None)
-
-    def _settle(self, text: str | None) -> None:
-        if self.settled:
-            return
-        self.settled = True
-        self.reader = None
-        self.state.extras.pop(ANSWER_RECORDER, None)
-        self.owner.answered(self, text)
 
 
 class RemoteTokens:
@@ -295,27 +244,32 @@ class RemoteTokens:
             if own is not None:
                 self._background(client, state, own, after=True)
             return
-        follow = _FollowUp(self, client, state, messages, own)
+        follow = AnswerRecorder(stream=state.stream, on_answer=partial(self._answered, client, state, messages, own))
         state.extras[ANSWER_RECORDER] = follow
-        state.task.add_done_callback(follow.request_done)
+        state.task.add_done_callback(lambda _: follow.settle(None))
 
-    def answered(self, follow: _FollowUp, text: str | None) -> None:
-        """A chat request's follow-up settled: learn its messages with `text`, its answer, or
-        without one its own messages."""
-        state = follow.state
+    def _answered(
+        self,
+        client: Upstream,
+        state: RequestState,
+        messages: list[dict[str, Any]],
+        own: _Lesson | None,
+        text: str | None,
+    ) -> None:
+        """A chat request's answer, or None: learn its messages with the answer, or without
+        one its own messages."""
         if text is None:
             self.count(self.group.name, "no_answer")
-            if follow.own is not None:
-                self._background(follow.client, state, follow.own)
+            if own is not None:
+                self._background(client, state, own)
             return
         self.count(self.group.name, "answer")
-        messages = [*follow.messages, {"role": "assistant", "content": text}]
-        digests, sizes = conversation_digests(state.key_body, state.model, messages)
+        answered = [*messages, {"role": "assistant", "content": text}]
+        digests, sizes = conversation_digests(state.key_body, state.model, answered)
         key = digests[-1]
         if self.known is not None and key not in self.known:
-            own = follow.own.key if follow.own is not None else None
-            remember = partial(self._remember_answer, key, own, sum(sizes[:-1]))
-            self._background(follow.client, state, _Lesson(key, remember, sum(sizes), messages, generation=False))
+            remember = partial(self._remember_answer, key, own.key if own is not None else None, sum(sizes[:-1]))
+            self._background(client, state, _Lesson(key, remember, sum(sizes), answered, generation=False))
 
     def _remember_answer(self, key: bytes, own: bytes | None, own_nbytes: int, known: Known) -> None:
         """A conversation with its answer, and (`own`, when not known yet) the conversation

@@ -27,16 +27,17 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from continuum_common.config.router import RouterConfig
 from continuum_common.kvindex.types import KvIndexError
 from continuum_common.ring import RouteLabel
 from continuum_common.wire.decisions import KIND_ANSWER, KIND_APPROXIMATE, KIND_SPECULATIVE, Decision, Tokenized
 from continuum_ingress.hooks import ANSWER_RECORDER
-from continuum_ingress.kv.answer_routes import AnswerRoute
+from continuum_ingress.kv.answers import AnswerRecorder
 from continuum_ingress.kv.audit import TokenizerAudit
 from continuum_ingress.kv.block_reads import BlockReads
+from continuum_ingress.kv.chunks import answered_chain
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, build_groups
 from continuum_ingress.kv.remote_tokens import RemoteTokens
 from continuum_ingress.kv.scorer import KvOverlapScorer
@@ -345,15 +346,17 @@ class KvSelector:
 
     def _follow_answer(self, state: RequestState, group: GroupRuntime, backend: str) -> None:
         """Approximate mode: once a chat request has been answered, record the conversation
-        with its answer where it went (kv/answer_routes.py)."""
+        with its answer where it went (kv/chunks.py `answered_chain`)."""
         if state.api is not Api.CHAT or state.key_api is not Api.CHAT or ANSWER_RECORDER in state.extras:
             return
-        learn = partial(self._learn_answer, group, backend)
-        route = AnswerRoute(state.key_body, stream=state.stream, chunk_bytes=group.approx.chunk_bytes, learn=learn)
-        state.extras[ANSWER_RECORDER] = route
+        learn = partial(self._learn_answer, group, backend, state.key_body)
+        state.extras[ANSWER_RECORDER] = AnswerRecorder(stream=state.stream, on_answer=learn)
 
-    def _learn_answer(self, group: GroupRuntime, backend: str, chain: list[int] | None) -> None:
-        self.metrics.approximate_answers.labels(group.name, "unreadable" if chain is None else "learnt").inc()
+    def _learn_answer(self, group: GroupRuntime, backend: str, body: dict[str, Any], text: str | None) -> None:
+        self.metrics.approximate_answers.labels(group.name, "unreadable" if text is None else "learnt").inc()
+        if text is None:
+            return
+        chain = answered_chain(body, text, group.approx.chunk_bytes)
         if not chain:
             return
         group.approximate_memory.record(backend, chain, self.clock())
