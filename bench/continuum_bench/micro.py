@@ -44,20 +44,18 @@ def _answer_chunks() -> Callable[[], object]:
         for i in range(ANSWER_CHUNKS)
     ]
     chunks.append(b"data: [DONE]\n\n")
-    state = {"i": 0, "reader": AnswerReader(stream=True)}
+    reader = AnswerReader(stream=True)
+    position = 0
 
     def feed() -> object:
-        i = state["i"]
-        reader = state["reader"]
-        assert isinstance(reader, AnswerReader) and isinstance(i, int)
-        reader.feed(chunks[i])
-        if i == ANSWER_CHUNKS:
-            text = reader.text()
-            state["reader"] = AnswerReader(stream=True)
-            state["i"] = 0
-            return text
-        state["i"] = i + 1
-        return None
+        nonlocal reader, position
+        reader.feed(chunks[position])
+        if position < ANSWER_CHUNKS:
+            position += 1
+            return None
+        text = reader.text()
+        reader, position = AnswerReader(stream=True), 0
+        return text
 
     return feed
 
