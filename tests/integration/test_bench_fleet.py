@@ -57,7 +57,11 @@ def test_bench_fleet_direct_round_robin(workload: str, tmp_path: Path) -> None:
     for key in ("p50", "p90", "p99"):
         assert res["ttft_s"][key] is not None and res["ttft_s"][key] > 0
     assert res["ttft_s"]["p50"] <= res["e2e_s"]["p50"]
-    assert "| run | direct-round-robin |" in (tmp_path / "run.md").read_text()
+    engine_ttft = res["engine_ttft_s"]
+    assert 0.0 < engine_ttft["mean"] <= res["ttft_s"]["mean"], "an engine times a request inside the client's time"
+    assert engine_ttft["router_added_mean"] == pytest.approx(res["ttft_s"]["mean"] - engine_ttft["mean"])
+    text = (tmp_path / "run.md").read_text()
+    assert "| run | direct-round-robin |" in text and "Time to first token, mean: engines" in text
     assert (tmp_path / "run.png").stat().st_size > 1000
 
 

@@ -66,6 +66,7 @@ def summarize(
         }
         for name, d in zip(names, deltas, strict=True)
     ]  # fmt: skip
+    ttft = _percentiles([r.ttft for r in ok if r.ttft is not None], time_scale)
     return {
         "requests": len(results),
         "ok": len(ok),
@@ -76,7 +77,8 @@ def summarize(
         "ideal_hit_rate": ideal,
         "ideal_hit_rate_unbounded": ideal_unbounded,
         "hit_rate_vs_ideal": (hit_rate / ideal) if ideal > 0 else None,
-        "ttft_s": _percentiles([r.ttft for r in ok if r.ttft is not None], time_scale),
+        "ttft_s": ttft,
+        "engine_ttft_s": _engine_ttft(deltas, ttft),
         "e2e_s": _percentiles([r.e2e for r in ok if r.e2e is not None], time_scale),
         "duration_real_s": duration_real,
         "duration_sim_s": duration_sim,
@@ -92,6 +94,21 @@ def summarize(
         "per_engine": per_engine,
         "per_replica": _per_replica(results, replicas) if replicas else None,
     }
+
+
+def _engine_ttft(deltas: Sequence[EngineCounters], client: dict[str, float | None]) -> dict[str, float] | None:
+    """Mean time to first token the engines saw, and what the router added to it on average.
+
+    The engines time a request from its arrival, the client from its send: the difference of the
+    means is the router's request path plus the first chunk's way back through it (the client's
+    own overhead is the same for every router). None when the engines do not report it.
+    """
+    count = sum(d.ttft_count for d in deltas)
+    client_mean = client["mean"]
+    if count <= 0 or client_mean is None:
+        return None
+    mean = sum(d.ttft_sum for d in deltas) / count
+    return {"mean": mean, "router_added_mean": client_mean - mean}
 
 
 def _per_replica(results: Sequence[RequestResult], replicas: Sequence[str]) -> list[dict[str, Any]]:
@@ -137,6 +154,12 @@ def markdown(report: dict[str, Any]) -> str:
         f"| {e['name']} | {e['requests']} | {e['prompt_tokens']} | {e['hit_rate']:.1%} | {e['preemptions']} |\n"
         for e in res["per_engine"]
     ]
+    if res.get("engine_ttft_s"):
+        eng = res["engine_ttft_s"]
+        lines.append(
+            f"\nTime to first token, mean: engines {eng['mean'] * 1000:.2f} ms from arrival; "
+            f"the router added {eng['router_added_mean'] * 1000:.2f} ms (client mean minus engine mean)\n"
+        )
     if res.get("per_replica") and len(res["per_replica"]) > 1:
         lines.append(
             "\nRequests per router replica: "

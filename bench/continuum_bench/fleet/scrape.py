@@ -15,6 +15,10 @@ WANTED = {
     "vllm:generation_tokens_total": "generation_tokens",
     "vllm:request_success_total": "requests",
     "vllm:num_preemptions_total": "preemptions",
+    # The engine's own time to first token, from its arrival: the client's TTFT minus this is
+    # what the router in front added (its request path and the first chunk's way back).
+    "vllm:time_to_first_token_seconds_sum": "ttft_sum",
+    "vllm:time_to_first_token_seconds_count": "ttft_count",
 }
 
 
@@ -26,6 +30,8 @@ class EngineCounters:
     generation_tokens: float = 0.0
     requests: float = 0.0
     preemptions: float = 0.0
+    ttft_sum: float = 0.0
+    ttft_count: float = 0.0
 
     def minus(self, other: EngineCounters) -> EngineCounters:
         return EngineCounters(**{k: getattr(self, k) - getattr(other, k) for k in self.__dataclass_fields__})
