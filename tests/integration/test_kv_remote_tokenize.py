@@ -198,6 +198,80 @@ async def test_a_next_turn_replaying_its_answer_is_matched_through_it(nats_serve
         assert how(ing, "no_answer") == 0
 
 
+def message_of(response: httpx.Response, stream: bool) -> tuple[str, int]:
+    """The text of an Anthropic Messages response and the prompt tokens the engine had cached."""
+    if not stream:
+        doc = response.json()
+        return "\n".join(b["text"] for b in doc["content"]), doc["usage"]["cache_read_input_tokens"]
+    text, cached = "", -1
+    for line in response.text.splitlines():
+        if line.startswith("data: {"):
+            event = orjson.loads(line[6:])
+            if event["type"] == "content_block_delta":
+                text += event["delta"]["text"]
+            elif event["type"] == "message_start":
+                cached = event["message"]["usage"]["cache_read_input_tokens"]
+    return text, cached
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_anthropic_next_turn_replaying_its_answer_is_matched_through_it(
+    nats_server: NatsServer, stream: bool
+) -> None:
+    async with stack(nats_server.url) as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+
+        async def send(system: str, messages: list[dict[str, Any]]) -> tuple[str, str, int]:
+            body = {"model": model, "system": system, "messages": messages, "max_tokens": 40, "stream": stream}
+            r = await client.post("/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"})
+            assert r.status_code == 200, r.text
+            text, cached = message_of(r, stream)
+            return r.headers["x-continuum-backend"], text, cached
+
+        first = [{"role": "user", "content": [{"type": "text", "text": "What was the revenue?"}]}]
+        home, answer, _ = await send(SYSTEM["content"], first)
+        assert answer
+        await eventually(lambda: how(ing, "answer") == 1 and how(ing, "background") == 2)
+        # as the client replays it: a content array with the one text block it got
+        replayed = [*first, {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+        as_chat = [
+            SYSTEM,
+            {"role": "user", "content": "What was the revenue?"},
+            {"role": "assistant", "content": answer},
+        ]
+        known = ing.app.kv.selector.remote["fleet"].known  # type: ignore[union-attr]
+        found = known.find(conversation_digests({"model": model}, model, as_chat)[0])
+        assert found is not None and found[0] == 3
+        learnt = found[1].chain.tolist()
+        assert learnt == await engine_chain(fleet, as_chat, generation=False)
+
+        went, _, cached = await send(SYSTEM["content"], [*replayed, {"role": "user", "content": "And why?"}])
+        assert went == home
+        assert how(ing, "request") == 1 and how(ing, "known_prefix") == 1
+        assert cached >= (len(learnt) - 1) * fleet.endpoints[0].block_size, "the engine held it all"
+        assert how(ing, "no_answer") == 0
+
+
+async def test_with_answer_learning_off_the_request_itself_is_learnt(nats_server: NatsServer) -> None:
+    async with SimFleet(2, time_scale=0.001) as fleet:
+        cfg = config(fleet, nats_server.url)
+        cfg["kv_cache_index"]["learn_answers"] = False
+        async with running_ingress(cfg) as ing, httpx.AsyncClient(base_url=ing.url, timeout=10) as client:
+            assert ing.app.kv is not None
+            async with asyncio.timeout(10):
+                await ing.app.kv.ready.wait()
+            model = fleet.endpoints[0].model
+            await ask(client, model, [SYSTEM, {"role": "user", "content": "What was the revenue?"}])
+            await eventually(lambda: how(ing, "background") == 1)  # the system prompt
+            sibling = [SYSTEM, {"role": "user", "content": "And the costs?"}]
+            await ask(client, model, sibling)
+            await eventually(lambda: how(ing, "background") == 2)  # the sibling's own messages
+            assert how(ing, "answer") == 0 and how(ing, "no_answer") == 0
+            known = ing.app.kv.selector.remote["fleet"].known  # type: ignore[union-attr]
+            found = known.find(conversation_digests({"model": model}, model, sibling)[0])
+            assert found is not None and found[0] == 2
+
+
 async def test_without_a_readable_answer_the_request_itself_is_learnt(nats_server: NatsServer) -> None:
     async with stack(nats_server.url) as (fleet, ing, client):
         model = fleet.endpoints[0].model

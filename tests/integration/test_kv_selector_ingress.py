@@ -230,3 +230,61 @@ async def test_the_answer_is_recorded_where_the_conversation_went(nats_server: N
             r = await a.post("/v1/chat/completions", json={"model": "m", "messages": replayed[:2], "stream": stream})
             assert r.status_code == 400
             assert sample(ing_a, "continuum_kv_approximate_answers_total", group="*", outcome="unreadable") == 1
+
+
+def message_text(r: httpx.Response, stream: bool) -> str:
+    if not stream:
+        return "\n".join(block["text"] for block in r.json()["content"])
+    text = ""
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            event = orjson.loads(line[6:])
+            if event["type"] == "content_block_delta":
+                text += event["delta"]["text"]
+    return text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_anthropic_answer_is_recorded_where_the_conversation_went(
+    nats_server: NatsServer, stream: bool
+) -> None:
+    async with running_stubs("a", "b", "c") as stubs:
+        cfg = kv_config(stubs, nats_server.url, approximate={"chunk_bytes": 16})
+        async with ingresses(cfg, 2) as [(ing_a, a), (ing_b, _)]:
+            body = {"model": "m", "system": SYSTEM, "max_tokens": 40, "stream": stream,
+                    "messages": [{"role": "user", "content": [{"type": "text", "text": "What is in it?"}]}]}  # fmt: skip
+            r = await a.post("/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"})
+            assert r.status_code == 200, r.text
+            home = r.headers["x-continuum-backend"]
+            answer = message_text(r, stream)
+            assert answer
+            replayed = {"role": "assistant", "content": [{"type": "text", "text": answer}]}
+            next_turn = {**body, "messages": [*body["messages"], replayed, {"role": "user", "content": "Why?"}]}
+            own = chunk_chain(conversation_bytes(Api.MESSAGES, body), 16)
+            chain = chunk_chain(conversation_bytes(Api.MESSAGES, next_turn), 16)[: len(own) + 1]
+            assert len(chain) > len(own)
+            for ing in (ing_a, ing_b):
+                selector = ing.app.kv.selector  # type: ignore[union-attr]
+                memory = selector.groups["*"].memory
+                await eventually(lambda m=memory, s=selector: m.match(chain, [home], s.clock()) == {home: len(chain)})
+            assert sample(ing_a, "continuum_kv_approximate_answers_total", group="*", outcome="learnt") == 1
+
+
+async def test_with_answer_learning_off_no_answer_is_read(nats_server: NatsServer) -> None:
+    async with running_stubs("a", "b", "c") as stubs:
+        cfg = kv_config(stubs, nats_server.url, approximate={"chunk_bytes": 16}, learn_answers=False)
+        async with ingresses(cfg, 1) as [(ing, client)]:
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is in it?"}]
+            r = await client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": True})
+            assert r.status_code == 200, r.text
+            home = r.headers["x-continuum-backend"]
+            replayed = [*messages, {"role": "assistant", "content": answer_text(r, True)}]
+            own = chunk_chain(conversation_bytes(Api.CHAT, {"messages": messages}), 16)
+            chain = chunk_chain(conversation_bytes(Api.CHAT, {"messages": replayed}), 16)
+            selector = ing.app.kv.selector  # type: ignore[union-attr]
+            memory = selector.groups["*"].memory
+            await eventually(lambda: memory.match(own, [home], selector.clock()) == {home: len(own)})
+            await asyncio.sleep(0.2)
+            assert memory.match(chain, [home], selector.clock()) == {home: len(own)}, "the answer was not recorded"
+            for outcome in ("learnt", "unreadable"):
+                assert not sample(ing, "continuum_kv_approximate_answers_total", group="*", outcome=outcome)

@@ -1,5 +1,6 @@
-"""The answer a chat completion gave, read from the bytes the client received (kv/answers.py),
-and the chunk chain of a conversation followed by its answer (kv/chunks.py)."""
+"""The answer a chat request got (an OpenAI chat completion or an Anthropic Messages response),
+read from the bytes the client received (kv/answers.py), and the chunk chain of a conversation
+followed by its answer (kv/chunks.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from continuum_ingress.kv.answers import AnswerReader, AnswerRecorder
+from continuum_common.hashing.request_text import content_text
+from continuum_ingress.kv.answers import AnswerReader, AnswerRecorder, reads_answers
 from continuum_ingress.kv.chunks import answered_chain, chunk_chain, conversation_bytes
 from continuum_ingress.protocol.apis import Api
 
@@ -195,3 +197,123 @@ def test_the_answered_chain_extends_the_request_and_starts_the_next_turn() -> No
     }
     assert chunk_chain(conversation_bytes(Api.CHAT, next_turn), 32)[: len(answered)] == answered
     assert BODY["messages"][-1]["role"] == "user"  # the request's body is left as it was
+
+
+# -- Anthropic Messages ------------------------------------------------------------------------
+
+
+def events(*items: dict[str, Any]) -> bytes:
+    """An Anthropic Messages stream: `event:` and `data:` lines per event."""
+    return b"".join(f"event: {e['type']}\ndata: {orjson.dumps(e).decode()}\n\n".encode() for e in items)
+
+
+def text_block(index: int, *pieces: str) -> list[dict[str, Any]]:
+    return [
+        {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
+        *({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": p}} for p in pieces),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+START = {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": []}}
+END = [{"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 5}},
+       {"type": "message_stop"}]  # fmt: skip
+MESSAGES_STREAM = events(START, {"type": "ping"}, *text_block(0, "Revenue ", "grew by 12%."), *END)
+
+
+def anthropic_streamed(body: bytes, step: int = 0) -> str | None:
+    reader = AnswerReader(stream=True, anthropic=True)
+    for i in range(0, len(body), step or len(body)):
+        reader.feed(body[i : i + (step or len(body))])
+    return reader.text()
+
+
+@pytest.mark.parametrize("step", [0, 1, 9, 100])
+def test_an_anthropic_stream_gives_its_text_however_it_is_cut(step: int) -> None:
+    assert anthropic_streamed(MESSAGES_STREAM, step) == "Revenue grew by 12%."
+    assert anthropic_streamed(MESSAGES_STREAM.replace(b"\n", b"\r\n"), step) == "Revenue grew by 12%."
+
+
+def test_anthropic_text_blocks_are_joined_as_a_replayed_content_array_is_read() -> None:
+    body = events(START, *text_block(0, "First."), *text_block(1, "Second."), *END)
+    text = anthropic_streamed(body, 5)
+    replayed = [{"type": "text", "text": "First."}, {"type": "text", "text": "Second."}]
+    assert text == content_text(replayed) == "First.\nSecond."
+
+
+TOOL_USE = [
+    {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}}},
+    {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{}"}},
+]  # fmt: skip
+THINKING = {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hmm"}}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        events(START, *text_block(0, "Let me look."), *TOOL_USE, *END),  # a tool call
+        events(
+            START,
+            *text_block(0, "Hi"),
+            {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
+            {"type": "message_stop"},
+        ),
+        events(START, THINKING, *text_block(1, "Hi"), *END),  # a thinking block is not replayed as text
+        events(START, *text_block(0, "Hi"), {"type": "error", "error": {"type": "overloaded_error"}}),
+        events(START, *text_block(0, "Hi")),  # no message_stop: cut short
+        events(START, *text_block(0, "Hi"), {"type": "something_new"}, *END),
+        MESSAGES_STREAM.replace(b"grew", b'"grew'),  # broken JSON
+    ],
+)
+def test_an_anthropic_stream_that_cannot_be_replayed_as_plain_text_gives_nothing(body: bytes) -> None:
+    assert anthropic_streamed(body, 11) is None
+
+
+def test_an_openai_done_line_does_not_end_an_anthropic_stream() -> None:
+    assert anthropic_streamed(events(START, *text_block(0, "Hi")) + b"data: [DONE]\n\n") is None
+
+
+def whole_message(*content: dict[str, Any], stop: str = "end_turn") -> bytes:
+    doc = {"id": "msg_1", "type": "message", "role": "assistant", "content": list(content), "stop_reason": stop}
+    return orjson.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (whole_message({"type": "text", "text": "Revenue grew."}), "Revenue grew."),
+        (whole_message({"type": "text", "text": "A."}, {"type": "text", "text": "B."}), "A.\nB."),
+        (
+            whole_message(
+                {"type": "text", "text": "Hi"},
+                {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+                stop="tool_use",
+            ),
+            None,
+        ),
+        (whole_message({"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "Hi"}), None),
+        (orjson.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}), None),
+        (b"{not json", None),
+    ],
+)
+def test_a_whole_anthropic_response_gives_its_text(body: bytes, expected: str | None) -> None:
+    reader = AnswerReader(stream=False, anthropic=True)
+    for i in range(0, len(body), 13):
+        reader.feed(body[i : i + 13])
+    assert reader.text() == expected
+
+
+def test_answers_are_read_for_chat_requests_keyed_as_they_were_sent() -> None:
+    assert reads_answers(Api.CHAT, Api.CHAT) and reads_answers(Api.MESSAGES, Api.MESSAGES)
+    assert not reads_answers(Api.RESPONSES, Api.CHAT)  # a Responses request read as chat
+    assert not reads_answers(Api.COMPLETIONS, Api.COMPLETIONS)
+
+
+def test_the_answered_chain_of_an_anthropic_request_starts_its_next_turn() -> None:
+    body = {"model": "m", "system": "You answer questions about the report. " * 20,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "What is on page one?"}]}]}  # fmt: skip
+    answered = answered_chain(body, ANSWER, 32)
+    replayed = {"role": "assistant", "content": [{"type": "text", "text": ANSWER}]}
+    next_turn = {**body, "messages": [*body["messages"], replayed, {"role": "user", "content": "Why?"}]}
+    assert chunk_chain(conversation_bytes(Api.MESSAGES, next_turn), 32)[: len(answered)] == answered
+    assert len(answered) > len(chunk_chain(conversation_bytes(Api.MESSAGES, body), 32))

@@ -1,4 +1,5 @@
-"""The answer an OpenAI chat completion gave, read from the bytes the client received (no I/O;
+"""The answer a chat request got (an OpenAI chat completion or an Anthropic Messages response),
+read from the bytes the client received (no I/O;
 used by kv/remote_tokens.py and kv/selector.py, docs/kv-scorer.md "Remembered tokenizations"
 and "Approximate").
 
@@ -10,7 +11,10 @@ on its path.
 `AnswerReader` is fed the body as it reaches the client (SSE chunks of a stream, or the whole
 JSON body) and gives the text a client replays as `{"role": "assistant", "content": text}`, or
 None when the answer cannot be replayed that way: more than one choice, tool or function calls,
-an error event, a stream without its `data: [DONE]`, malformed JSON, or more than `max_bytes`.
+an error event, a stream without its end (`data: [DONE]`, Anthropic's `message_stop`),
+malformed JSON, or more than `max_bytes`. An Anthropic answer is read the same way: its text
+blocks joined with newlines (as a replayed content array is read, `content_text`), and any
+other block (`tool_use`, `thinking`, ...) makes it unusable.
 `AnswerRecorder` is the `ResponseRecorder` (hooks.ANSWER_RECORDER) around it that hands the
 answer, or None, to its owner exactly once.
 """
@@ -22,9 +26,21 @@ from typing import Any, Final
 
 import orjson
 
+from continuum_ingress.protocol.apis import Api
+
 MAX_ANSWER_BYTES: Final = 256 * 1024  # a longer answer is not learnt (nor buffered)
 _CALLS: Final = ("tool_calls", "function_call")
 _BOM: Final = b"\xef\xbb\xbf"
+# The request APIs whose answers are read: OpenAI chat completions and Anthropic Messages.
+ANSWER_APIS: Final = frozenset({Api.CHAT, Api.MESSAGES})
+# Anthropic stream events that carry nothing the replayed message depends on.
+_QUIET_EVENTS: Final = frozenset({"message_start", "content_block_stop", "ping"})
+
+
+def reads_answers(api: Api, key_api: Api) -> bool:
+    """Whether a request's answer can be read and replayed by its next turn: a chat request
+    keyed as it was sent (not a Responses request read as chat, whose answer is not a message)."""
+    return api is key_api and api in ANSWER_APIS
 
 
 class AnswerReader:
@@ -35,11 +51,13 @@ class AnswerReader:
     chunk's JSON on one `data:` line. An event whose data spans several lines does not parse
     as JSON and makes the answer unusable (never a wrong text)."""
 
-    __slots__ = ("_body", "_done", "_failed", "_parts", "_size", "max_bytes", "stream")
+    __slots__ = ("_blocks", "_body", "_done", "_failed", "_parts", "_size", "anthropic", "max_bytes", "stream")
 
-    def __init__(self, *, stream: bool, max_bytes: int = MAX_ANSWER_BYTES) -> None:
+    def __init__(self, *, stream: bool, anthropic: bool = False, max_bytes: int = MAX_ANSWER_BYTES) -> None:
         self.stream = stream
+        self.anthropic = anthropic  # an Anthropic Messages answer, else an OpenAI chat completion
         self.max_bytes = max_bytes
+        self._blocks = 0  # Anthropic content blocks begun
         self._body = bytearray()  # a whole body, or a stream's unfinished line
         self._parts: list[str] = []
         self._size = 0
@@ -78,7 +96,8 @@ class AnswerReader:
         if self._failed:
             return None
         if not self.stream:
-            return _whole_text(bytes(self._body))
+            body = bytes(self._body)
+            return _whole_message_text(body) if self.anthropic else _whole_text(body)
         return "".join(self._parts) if self._done else None
 
     def _fail(self) -> None:
@@ -86,8 +105,15 @@ class AnswerReader:
         self._parts = []
         self._body = bytearray()
 
+    def _add(self, text: str) -> None:
+        self._size += len(text)
+        if self._size > self.max_bytes:
+            self._fail()
+        else:
+            self._parts.append(text)
+
     def _data(self, data: bytes) -> None:
-        if data == b"[DONE]":
+        if data == b"[DONE]" and not self.anthropic:
             self._done = True
             return
         try:
@@ -97,6 +123,9 @@ class AnswerReader:
             return
         if not isinstance(chunk, dict) or "error" in chunk:
             self._fail()
+            return
+        if self.anthropic:
+            self._event(chunk)
             return
         choices = chunk.get("choices")
         if not isinstance(choices, list):
@@ -108,11 +137,39 @@ class AnswerReader:
                 self._fail()
                 return
             if content:
-                self._size += len(content)
-                if self._size > self.max_bytes:
-                    self._fail()
+                self._add(content)
+                if self._failed:
                     return
-                self._parts.append(content)
+
+    def _event(self, event: dict[str, Any]) -> None:
+        """One event of an Anthropic Messages stream."""
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            delta = event.get("delta")
+            text = delta.get("text") if isinstance(delta, dict) and delta.get("type") == "text_delta" else None
+            if isinstance(text, str):
+                self._add(text)
+            else:  # input_json_delta, thinking_delta, ...: not a plain text answer
+                self._fail()
+        elif kind == "content_block_start":
+            block = event.get("content_block")
+            text = block.get("text", "") if isinstance(block, dict) and block.get("type") == "text" else None
+            if not isinstance(text, str):
+                self._fail()
+                return
+            if self._blocks:
+                self._add("\n")  # replayed text blocks are read joined with newlines
+            self._blocks += 1
+            if text:
+                self._add(text)
+        elif kind == "message_delta":
+            delta = event.get("delta")
+            if isinstance(delta, dict) and delta.get("stop_reason") == "tool_use":
+                self._fail()
+        elif kind == "message_stop":
+            self._done = True
+        elif kind not in _QUIET_EVENTS:  # an error event, or one this reader does not know
+            self._fail()
 
 
 class AnswerRecorder:
@@ -122,9 +179,9 @@ class AnswerRecorder:
 
     __slots__ = ("on_answer", "reader")
 
-    def __init__(self, *, stream: bool, on_answer: Callable[[str | None], None]) -> None:
+    def __init__(self, *, stream: bool, on_answer: Callable[[str | None], None], anthropic: bool = False) -> None:
         self.on_answer = on_answer
-        self.reader: AnswerReader | None = AnswerReader(stream=stream)
+        self.reader: AnswerReader | None = AnswerReader(stream=stream, anthropic=anthropic)
 
     def feed(self, chunk: bytes) -> None:
         if self.reader is not None:
@@ -178,3 +235,23 @@ def _whole_text(body: bytes) -> str | None:
     if not isinstance(choices, list) or len(choices) != 1:
         return None
     return _choice_part(choices[0], "message")
+
+
+def _whole_message_text(body: bytes) -> str | None:
+    """The text of a whole Anthropic Messages response: its text blocks joined with newlines."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict) or doc.get("type") != "message" or doc.get("stop_reason") == "tool_use":
+        return None
+    blocks = doc.get("content")
+    if not isinstance(blocks, list):
+        return None
+    texts: list[str] = []
+    for block in blocks:
+        text = block.get("text") if isinstance(block, dict) and block.get("type") == "text" else None
+        if not isinstance(text, str):
+            return None
+        texts.append(text)
+    return "\n".join(texts)

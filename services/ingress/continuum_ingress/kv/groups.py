@@ -60,6 +60,7 @@ class GroupRuntime:
         self.approx: ApproximateMatching = group.approximate if group is not None else section.approximate
         self.block_size = group.block_size if group is not None else 16
         self.chunk_tokens = self.approx.chunk_bytes / self.approx.bytes_per_token
+        self.learn_answers = section.learn_answers
         self.hasher: BlockHasher | None = None
         self.tokenizer: LocalTokenizer | None = None
         self.encoder: PromptEncoder | None = None

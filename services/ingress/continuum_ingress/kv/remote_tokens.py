@@ -49,7 +49,7 @@ import orjson
 
 from continuum_common.wire.decisions import KIND_CHAT, KIND_TEXT, Tokenized
 from continuum_ingress.hooks import ANSWER_RECORDER
-from continuum_ingress.kv.answers import AnswerRecorder
+from continuum_ingress.kv.answers import AnswerRecorder, reads_answers
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, chat_messages
 from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, KnownTexts, conversation_digests, text_digest
 from continuum_ingress.kv.tokenize import TokenizeFailed, remote_tokens
@@ -240,11 +240,15 @@ class RemoteTokens:
         """Learn, once `state` has been answered, what its next turn will start with: its
         messages plus the answer the client received (kv/answers.py) when the answer can be
         read, else its own messages (`own`, when they are not known yet)."""
-        if state.api is not Api.CHAT or state.key_api is not Api.CHAT or state.task is None:
+        if not (self.group.learn_answers and reads_answers(state.api, state.key_api)) or state.task is None:
             if own is not None:
                 self._background(client, state, own, after=True)
             return
-        follow = AnswerRecorder(stream=state.stream, on_answer=partial(self._answered, client, state, messages, own))
+        follow = AnswerRecorder(
+            stream=state.stream,
+            on_answer=partial(self._answered, client, state, messages, own),
+            anthropic=state.api is Api.MESSAGES,
+        )
         state.extras[ANSWER_RECORDER] = follow
         state.task.add_done_callback(lambda _: follow.settle(None))
 

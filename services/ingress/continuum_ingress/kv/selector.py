@@ -34,7 +34,7 @@ from continuum_common.kvindex.types import KvIndexError
 from continuum_common.ring import RouteLabel
 from continuum_common.wire.decisions import KIND_ANSWER, KIND_APPROXIMATE, KIND_SPECULATIVE, Decision, Tokenized
 from continuum_ingress.hooks import ANSWER_RECORDER
-from continuum_ingress.kv.answers import AnswerRecorder
+from continuum_ingress.kv.answers import AnswerRecorder, reads_answers
 from continuum_ingress.kv.audit import TokenizerAudit
 from continuum_ingress.kv.block_reads import BlockReads
 from continuum_ingress.kv.chunks import answered_chain
@@ -347,10 +347,12 @@ class KvSelector:
     def _follow_answer(self, state: RequestState, group: GroupRuntime, backend: str) -> None:
         """Approximate mode: once a chat request has been answered, record the conversation
         with its answer where it went (kv/chunks.py `answered_chain`)."""
-        if state.api is not Api.CHAT or state.key_api is not Api.CHAT or ANSWER_RECORDER in state.extras:
+        if not (group.learn_answers and reads_answers(state.api, state.key_api)) or ANSWER_RECORDER in state.extras:
             return
         learn = partial(self._learn_answer, group, backend, state.key_body)
-        state.extras[ANSWER_RECORDER] = AnswerRecorder(stream=state.stream, on_answer=learn)
+        state.extras[ANSWER_RECORDER] = AnswerRecorder(
+            stream=state.stream, on_answer=learn, anthropic=state.api is Api.MESSAGES
+        )
 
     def _learn_answer(self, group: GroupRuntime, backend: str, body: dict[str, Any], text: str | None) -> None:
         self.metrics.approximate_answers.labels(group.name, "unreadable" if text is None else "learnt").inc()
