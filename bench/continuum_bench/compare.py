@@ -160,6 +160,24 @@ def table(reports: Sequence[dict[str, Any]]) -> str:
     return MD_HEADER + "\n".join(rows) + "\n"
 
 
+def added_table(reports: Sequence[dict[str, Any]]) -> str:
+    """Mean time to first token seen by the engines and by the client, and the difference:
+    what each router added (its request path and the first chunk's way back)."""
+    rows = []
+    for report in reports:
+        res = report["results"]
+        engine = res.get("engine_ttft_s")
+        if engine and res["ttft_s"]["mean"] is not None:
+            rows.append(
+                f"| {report['workload']['workload']} | {report['router']} | {engine['mean'] * 1000:.2f} | "
+                f"{res['ttft_s']['mean'] * 1000:.2f} | {engine['router_added_mean'] * 1000:.2f} |"
+            )
+    if not rows:
+        return ""
+    head = "| workload | router | engine TTFT mean (ms) | client TTFT mean (ms) | router added (ms) |\n"
+    return head + "|---|---|---:|---:|---:|\n" + "\n".join(rows) + "\n"
+
+
 def calls_table(reports: Sequence[dict[str, Any]], *, columns: int = 6) -> str:
     """Engine calls per routed request, one row per run, the busiest routes as columns."""
     counted = [r for r in reports if r.get("engine_calls")]
@@ -302,6 +320,12 @@ def write_summary(
     reports: Sequence[dict[str, Any]], failures: Sequence[dict[str, str]], base: FleetBenchOptions, out: Path, stem: str
 ) -> None:
     text = table(reports)
+    added = added_table(reports)
+    if added:
+        text += (
+            "\nTime to first token, mean, as the engines timed it (from their arrival) and as the client did:\n\n"
+            + added
+        )
     calls = calls_table(reports)
     if calls:
         text += "\nEngine calls per routed request (counted by the tap in front of the engines):\n\n" + calls

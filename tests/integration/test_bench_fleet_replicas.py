@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from continuum_bench.compare import ROUTERS, compare, router
+from continuum_bench.compare import ROUTERS, compare, router, write_summary
 from continuum_bench.fleet.harness import FleetContext
 from continuum_bench.fleet.runner import FleetBenchOptions, run_fleet_bench
 from continuum_bench.fleet.tap import EngineTap
@@ -133,3 +133,8 @@ async def test_compare_spreads_over_replicas_and_counts_engine_calls(tmp_path: P
     assert calls["routed_requests"] == 10
     assert calls["by_route"] == {"POST /v1/chat/completions": 10}, "the reset and scrapes bypass the tap"
     assert {name: c["POST /v1/chat/completions"] for name, c in calls["by_engine"].items()} == {"sim-0": 5, "sim-1": 5}
+    write_summary(reports, [], base, tmp_path / "results", "summary")
+    text = (tmp_path / "results" / "summary.md").read_text()
+    engine, added = report["results"]["engine_ttft_s"]["mean"], report["results"]["engine_ttft_s"]["router_added_mean"]
+    row = f"| shared-prompt | test-two-replicas | {engine * 1000:.2f} | "
+    assert row in text and f"| {added * 1000:.2f} |" in text, "the summary shows what the router added"
