@@ -19,6 +19,11 @@ concurrent client). Targets: <= 1 ms added p50 at concurrency 1, >= 1,500 req/s.
 own ports; each repeat runs direct, then every ingress in turn (interleaved rounds, so a change
 in machine load hits every variant alike).
 
+`--stream` sends streamed chat completions instead: the backend answers with its head and first
+event at once and 16 more events 2 ms later (as an engine sends its first token, then the rest),
+and the latency measured is the time to the first event, the part of a time to first token a
+router adds.
+
 `--transport h1 aiohttp` measures the ingress with each upstream HTTP transport: the hand-written
 HTTP/1.1 pool (the product's) and aiohttp (`pip install -e '.[bench]'`). Every variant then runs
 in the same one-process launcher (the composition `serve` runs with one worker: the ingress app
@@ -56,6 +61,26 @@ BODY = json.dumps(
         "temperature": 0.7,
     }
 ).encode()
+STREAM_BODY = json.dumps({**json.loads(BODY), "stream": True}).encode()
+
+
+def _sse_chunk(data: str) -> bytes:
+    event = f"data: {data}\n\n".encode()
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+def _delta(content: str, finish: str | None = None) -> str:
+    choice = {"index": 0, "delta": {"content": content}, "finish_reason": finish}
+    return json.dumps({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "model": MODEL, "choices": [choice]})
+
+
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+# A stream as an engine sends it: the head with the first token, the rest a moment later.
+STREAM_FIRST = STREAM_HEAD + _sse_chunk(_delta("Hello"))
+STREAM_REST = b"".join(_sse_chunk(_delta(f" word{i}")) for i in range(15)) + _sse_chunk(_delta("", "stop"))
+STREAM_REST += _sse_chunk("[DONE]") + b"0\r\n\r\n"
+STREAM_GAP_S = 0.002
+
 ANSWER = json.dumps(
     {
         "id": "chatcmpl-bench",
@@ -107,12 +132,22 @@ class _Backend(asyncio.Protocol):
             if len(self.buf) < total:
                 return
             is_get = head.startswith(b"get")
+            request_body = self.buf[end + 4 : total]
+            # routers may re-encode the body: with or without the space
+            streamed = b'"stream": true' in request_body or b'"stream":true' in request_body
             self.buf = self.buf[total:]
             assert self.transport is not None
             if is_get:
                 self.transport.write(self.models if head.startswith(b"get /v1/models") else self.health)
+            elif streamed:
+                self.transport.write(STREAM_FIRST)
+                asyncio.get_running_loop().call_later(STREAM_GAP_S, self._rest)
             else:
                 self.transport.write(self.reply)
+
+    def _rest(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(STREAM_REST)
 
 
 async def _serve_backend(port: int) -> None:
@@ -124,17 +159,21 @@ async def _serve_backend(port: int) -> None:
 
 
 # -- the load generator -------------------------------------------------------------------
-async def _client(port: int, path: str, deadline: float, latencies: list[float]) -> None:
+async def _client(port: int, path: str, deadline: float, latencies: list[float], stream: bool = False) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = STREAM_BODY if stream else BODY
     request = (
         f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-        f"authorization: Bearer bench\r\ncontent-length: {len(BODY)}\r\n\r\n"
-    ).encode() + BODY
+        f"authorization: Bearer bench\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode() + body
     clock = time.perf_counter
     while clock() < deadline:
         start = clock()
         writer.write(request)
         head = await reader.readuntil(b"\r\n\r\n")
+        if stream:
+            latencies.append(await _first_event(reader, head) - start)
+            continue
         lower = head.lower()
         at = lower.find(b"content-length:")
         length = int(lower[at + 15 :].split(b"\r\n", 1)[0])
@@ -145,14 +184,29 @@ async def _client(port: int, path: str, deadline: float, latencies: list[float])
     writer.close()
 
 
-async def _load(port: int, concurrency: int, seconds: float, warmup: float) -> dict[str, float]:
+async def _first_event(reader: asyncio.StreamReader, head: bytes) -> float:
+    """Read a chunked SSE response to its end; the time its first `data:` event arrived."""
+    if not head.startswith(b"HTTP/1.1 200") or b"chunked" not in head.lower():
+        raise RuntimeError(head.decode(errors="replace"))
+    first = 0.0
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
+        data = await reader.readexactly(size + 2)
+        if not first and b"data:" in data:
+            first = time.perf_counter()
+        if size == 0:
+            return first
+
+
+async def _load(port: int, concurrency: int, seconds: float, warmup: float, stream: bool = False) -> dict[str, float]:
     path = "/v1/chat/completions"
     warm: list[float] = []
     if warmup:
-        await asyncio.gather(*(_client(port, path, time.perf_counter() + warmup, warm) for _ in range(concurrency)))
+        deadline = time.perf_counter() + warmup
+        await asyncio.gather(*(_client(port, path, deadline, warm, stream) for _ in range(concurrency)))
     latencies: list[float] = []
     start = time.perf_counter()
-    await asyncio.gather(*(_client(port, path, start + seconds, latencies) for _ in range(concurrency)))
+    await asyncio.gather(*(_client(port, path, start + seconds, latencies, stream) for _ in range(concurrency)))
     elapsed = time.perf_counter() - start
     latencies.sort()
     return {
@@ -204,18 +258,18 @@ def _tree_cpu(pid: int) -> float:
 
 
 def _run_load(
-    port: int, concurrency: int, seconds: float, warmup: float, router: int | None = None
+    port: int, concurrency: int, seconds: float, warmup: float, router: int | None = None, *, stream: bool = False
 ) -> dict[str, float]:
     """One load run; with `router` (a pid) also that router's CPU µs per request over the run
     (warm-up included in both the time and the count: the load process reports both)."""
     before = _tree_cpu(router) if router is not None else 0.0
-    result = _load_process(port, concurrency, seconds, warmup)
+    result = _load_process(port, concurrency, seconds, warmup, stream)
     if router is not None:
         result["cpu_us"] = (_tree_cpu(router) - before) * 1e6 / max(1.0, result["all_requests"])
     return result
 
 
-def _load_process(port: int, concurrency: int, seconds: float, warmup: float) -> dict[str, float]:
+def _load_process(port: int, concurrency: int, seconds: float, warmup: float, stream: bool) -> dict[str, float]:
     out = subprocess.run(
         [
             sys.executable,
@@ -226,6 +280,7 @@ def _load_process(port: int, concurrency: int, seconds: float, warmup: float) ->
             str(concurrency),
             str(seconds),
             str(warmup),
+            *(["stream"] if stream else []),
         ],
         check=True,
         capture_output=True,
@@ -374,9 +429,10 @@ def main_bench(args: argparse.Namespace) -> None:
                 direct: list[dict[str, float]] = []
                 via: dict[str, list[dict[str, float]]] = {name: [] for name in routers}
                 for _ in range(args.repeats):
-                    direct.append(_run_load(backend_port, concurrency, args.seconds, args.warmup))
+                    direct.append(_run_load(backend_port, concurrency, args.seconds, args.warmup, stream=args.stream))
                     for name, (port, proc) in routers.items():
-                        via[name].append(_run_load(port, concurrency, args.seconds, args.warmup, proc.pid))
+                        load = _run_load(port, concurrency, args.seconds, args.warmup, proc.pid, stream=args.stream)
+                        via[name].append(load)
                 for name, runs in via.items():
                     rows.append((concurrency, name, _median(direct), _median(runs)))
         finally:
@@ -389,7 +445,8 @@ def main_bench(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace, rows: list[tuple[int, str, dict[str, float], dict[str, float]]]) -> None:
-    print(f"strategy {args.strategy}; median of {args.repeats} run(s) x {args.seconds:g} s per cell")
+    what = "streamed: latency = time to the first event" if args.stream else "whole answers"
+    print(f"strategy {args.strategy}; {what}; median of {args.repeats} run(s) x {args.seconds:g} s per cell")
     print(
         f"{'conc':>4} {'router':>22} | {'direct p50':>10} {'p99':>8} | {'router p50':>10} {'p99':>8} | "
         f"{'added p50':>9} {'p99':>8} | {'router req/s':>12} {'direct req/s':>12} | {'CPU µs/req':>10}"
@@ -440,7 +497,8 @@ def main() -> None:
         return
     if len(sys.argv) > 1 and sys.argv[1] == "load":
         port, concurrency, seconds, warmup = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
-        print(json.dumps(uvloop.run(_load(port, concurrency, seconds, warmup))))
+        stream = sys.argv[6:7] == ["stream"]
+        print(json.dumps(uvloop.run(_load(port, concurrency, seconds, warmup, stream))))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
@@ -451,6 +509,12 @@ def main() -> None:
         "--workers", type=int, nargs="+", default=[1], help="server.workers of the ingress; several values: one each"
     )
     parser.add_argument("--strategy", default="PrefixAwareHash", choices=["PrefixAwareHash", "RoundRobin"])
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="streamed chat completions: the backend sends its head with the first event and 16 more "
+        "2 ms later; latency is the time to the first event",
+    )
     parser.add_argument(
         "--peers",
         default="",
