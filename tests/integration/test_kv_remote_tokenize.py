@@ -252,6 +252,51 @@ async def test_an_anthropic_next_turn_replaying_its_answer_is_matched_through_it
         assert how(ing, "no_answer") == 0
 
 
+def response_of(response: httpx.Response, stream: bool) -> tuple[dict[str, Any], int]:
+    """The final response object of a Responses answer and the prompt tokens the engine had cached."""
+    if not stream:
+        doc = response.json()
+    else:
+        lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: {")]
+        ends = ("response.completed", "response.incomplete")  # incomplete: cut at max_output_tokens
+        doc = next(e["response"] for e in map(orjson.loads, lines) if e["type"] in ends)
+    return doc, doc["usage"]["input_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_responses_next_turn_replaying_its_output_is_matched_through_it(
+    nats_server: NatsServer, stream: bool
+) -> None:
+    async with stack(nats_server.url) as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+
+        async def send(items: list[dict[str, Any]]) -> tuple[str, dict[str, Any], int]:
+            body = {"model": model, "instructions": SYSTEM["content"], "input": items, "store": False,
+                    "max_output_tokens": 40, "stream": stream}  # fmt: skip
+            r = await client.post("/v1/responses", json=body)
+            assert r.status_code == 200, r.text
+            doc, cached = response_of(r, stream)
+            return r.headers["x-continuum-backend"], doc, cached
+
+        first: list[dict[str, Any]] = [{"role": "user", "content": "What was the revenue?"}]
+        home, doc, _ = await send(first)
+        await eventually(lambda: how(ing, "answer") == 1 and how(ing, "background") == 2)
+        text = "\n".join(p["text"] for item in doc["output"] for p in item["content"])
+        as_chat = [SYSTEM, first[0], {"role": "assistant", "content": text}]
+        known = ing.app.kv.selector.remote["fleet"].known  # type: ignore[union-attr]
+        found = known.find(conversation_digests({"model": model}, model, as_chat)[0])
+        assert found is not None and found[0] == 3
+        learnt = found[1].chain.tolist()
+        assert learnt == await engine_chain(fleet, as_chat, generation=False)
+
+        # the next turn resends the output items as the client got them
+        went, _, cached = await send([*first, *doc["output"], {"role": "user", "content": "And why?"}])
+        assert went == home
+        assert how(ing, "request") == 1 and how(ing, "known_prefix") == 1
+        assert cached >= (len(learnt) - 1) * fleet.endpoints[0].block_size, "the engine held it all"
+        assert how(ing, "no_answer") == 0
+
+
 async def test_with_answer_learning_off_the_request_itself_is_learnt(nats_server: NatsServer) -> None:
     async with SimFleet(2, time_scale=0.001) as fleet:
         cfg = config(fleet, nats_server.url)

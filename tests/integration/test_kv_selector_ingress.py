@@ -17,6 +17,7 @@ import pytest
 
 from continuum_common.events import EventType, KvEvent
 from continuum_common.hashing import request_prefix_key
+from continuum_common.hashing.responses_input import responses_chat_body
 from continuum_common.procs import NatsServer
 from continuum_ingress.kv.chunks import chunk_chain, conversation_bytes
 from continuum_ingress.protocol.apis import Api
@@ -199,18 +200,24 @@ def answer_text(r: httpx.Response, stream: bool) -> str:
     return text
 
 
+async def answered(client: httpx.AsyncClient, stream: bool) -> tuple[str, list[int], list[int], list[dict[str, str]]]:
+    """One chat request: its backend, the 16-byte chunk chains of its messages without and with
+    its answer, and the messages with the answer replayed."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is in it?"}]
+    r = await client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream})
+    assert r.status_code == 200, r.text
+    replayed = [*messages, {"role": "assistant", "content": answer_text(r, stream)}]
+    own = chunk_chain(conversation_bytes(Api.CHAT, {"messages": messages}), 16)
+    chain = chunk_chain(conversation_bytes(Api.CHAT, {"messages": replayed}), 16)
+    return r.headers["x-continuum-backend"], own, chain, replayed
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_the_answer_is_recorded_where_the_conversation_went(nats_server: NatsServer, stream: bool) -> None:
     async with running_stubs("a", "b", "c") as stubs:
         cfg = kv_config(stubs, nats_server.url, approximate={"chunk_bytes": 16})
         async with ingresses(cfg, 2) as [(ing_a, a), (ing_b, _)]:
-            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is in it?"}]
-            r = await a.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream})
-            assert r.status_code == 200, r.text
-            home = r.headers["x-continuum-backend"]
-            replayed = [*messages, {"role": "assistant", "content": answer_text(r, stream)}]
-            own = chunk_chain(conversation_bytes(Api.CHAT, {"messages": messages}), 16)
-            chain = chunk_chain(conversation_bytes(Api.CHAT, {"messages": replayed}), 16)
+            home, own, chain, replayed = await answered(a, stream)
             assert len(chain) > len(own) and chain[: len(own)] == own
             # both replicas hold the conversation through its answer where it went, so its next
             # turn counts only its new question as new work there
@@ -274,13 +281,7 @@ async def test_with_answer_learning_off_no_answer_is_read(nats_server: NatsServe
     async with running_stubs("a", "b", "c") as stubs:
         cfg = kv_config(stubs, nats_server.url, approximate={"chunk_bytes": 16}, learn_answers=False)
         async with ingresses(cfg, 1) as [(ing, client)]:
-            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is in it?"}]
-            r = await client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": True})
-            assert r.status_code == 200, r.text
-            home = r.headers["x-continuum-backend"]
-            replayed = [*messages, {"role": "assistant", "content": answer_text(r, True)}]
-            own = chunk_chain(conversation_bytes(Api.CHAT, {"messages": messages}), 16)
-            chain = chunk_chain(conversation_bytes(Api.CHAT, {"messages": replayed}), 16)
+            home, own, chain, _ = await answered(client, True)
             selector = ing.app.kv.selector  # type: ignore[union-attr]
             memory = selector.groups["*"].memory
             await eventually(lambda: memory.match(own, [home], selector.clock()) == {home: len(own)})
@@ -288,3 +289,23 @@ async def test_with_answer_learning_off_no_answer_is_read(nats_server: NatsServe
             assert memory.match(chain, [home], selector.clock()) == {home: len(own)}, "the answer was not recorded"
             for outcome in ("learnt", "unreadable"):
                 assert not sample(ing, "continuum_kv_approximate_answers_total", group="*", outcome=outcome)
+
+
+async def test_a_responses_answer_is_recorded_where_the_conversation_went(nats_server: NatsServer) -> None:
+    async with running_stubs("a", "b", "c") as stubs:
+        cfg = kv_config(stubs, nats_server.url, approximate={"chunk_bytes": 16})
+        async with ingresses(cfg, 2) as [(ing_a, a), (ing_b, _)]:
+            body = {"model": "m", "instructions": SYSTEM, "input": [{"role": "user", "content": "What is in it?"}]}
+            r = await a.post("/v1/responses", json=body)
+            assert r.status_code == 200, r.text
+            home = r.headers["x-continuum-backend"]
+            # the next turn resends the output item as the client got it
+            next_turn = {**body, "input": [*body["input"], *r.json()["output"], {"role": "user", "content": "Why?"}]}
+            own = chunk_chain(conversation_bytes(Api.CHAT, responses_chat_body(body)), 16)
+            chain = chunk_chain(conversation_bytes(Api.CHAT, responses_chat_body(next_turn)), 16)[: len(own) + 1]
+            assert len(chain) > len(own)
+            for ing in (ing_a, ing_b):
+                selector = ing.app.kv.selector  # type: ignore[union-attr]
+                memory = selector.groups["*"].memory
+                await eventually(lambda m=memory, s=selector: m.match(chain, [home], s.clock()) == {home: len(chain)})
+            assert sample(ing_a, "continuum_kv_approximate_answers_total", group="*", outcome="learnt") == 1

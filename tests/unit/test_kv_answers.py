@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from continuum_common.hashing.request_text import content_text
+from continuum_common.hashing.responses_input import responses_messages
 from continuum_ingress.kv.answers import AnswerReader, AnswerRecorder, reads_answers
 from continuum_ingress.kv.chunks import answered_chain, chunk_chain, conversation_bytes
 from continuum_ingress.protocol.apis import Api
@@ -222,7 +223,7 @@ MESSAGES_STREAM = events(START, {"type": "ping"}, *text_block(0, "Revenue ", "gr
 
 
 def anthropic_streamed(body: bytes, step: int = 0) -> str | None:
-    reader = AnswerReader(stream=True, anthropic=True)
+    reader = AnswerReader(stream=True, api=Api.MESSAGES)
     for i in range(0, len(body), step or len(body)):
         reader.feed(body[i : i + (step or len(body))])
     return reader.text()
@@ -297,7 +298,7 @@ def whole_message(*content: dict[str, Any], stop: str = "end_turn") -> bytes:
     ],
 )
 def test_a_whole_anthropic_response_gives_its_text(body: bytes, expected: str | None) -> None:
-    reader = AnswerReader(stream=False, anthropic=True)
+    reader = AnswerReader(stream=False, api=Api.MESSAGES)
     for i in range(0, len(body), 13):
         reader.feed(body[i : i + 13])
     assert reader.text() == expected
@@ -305,7 +306,8 @@ def test_a_whole_anthropic_response_gives_its_text(body: bytes, expected: str | 
 
 def test_answers_are_read_for_chat_requests_keyed_as_they_were_sent() -> None:
     assert reads_answers(Api.CHAT, Api.CHAT) and reads_answers(Api.MESSAGES, Api.MESSAGES)
-    assert not reads_answers(Api.RESPONSES, Api.CHAT)  # a Responses request read as chat
+    assert reads_answers(Api.RESPONSES, Api.CHAT)  # a Responses request resending its conversation
+    assert not reads_answers(Api.RESPONSES, Api.RESPONSES)  # one continuing a stored response
     assert not reads_answers(Api.COMPLETIONS, Api.COMPLETIONS)
 
 
@@ -317,3 +319,84 @@ def test_the_answered_chain_of_an_anthropic_request_starts_its_next_turn() -> No
     next_turn = {**body, "messages": [*body["messages"], replayed, {"role": "user", "content": "Why?"}]}
     assert chunk_chain(conversation_bytes(Api.MESSAGES, next_turn), 32)[: len(answered)] == answered
     assert len(answered) > len(chunk_chain(conversation_bytes(Api.MESSAGES, body), 32))
+
+
+# -- OpenAI Responses --------------------------------------------------------------------------
+
+
+def message_item(*texts: str, part: str = "output_text") -> dict[str, Any]:
+    content = [{"type": part, "text": t, "annotations": []} for t in texts]
+    return {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": content}
+
+
+REASONING = {"type": "reasoning", "id": "rs_1", "summary": []}
+CALL = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}"}
+
+
+def response(*output: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    return {"id": "resp_1", "object": "response", "status": status, "output": list(output), "error": None}
+
+
+def responses_stream(final: dict[str, Any], *deltas: str, end: str = "response.completed") -> bytes:
+    items: list[dict[str, Any]] = [{"type": "response.created", "response": {**final, "status": "in_progress"}}]
+    items += [{"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": d} for d in deltas]
+    items.append({"type": end, "response": final})
+    return events(*items)
+
+
+def test_an_incomplete_responses_stream_gives_the_text_it_has() -> None:
+    final = response(message_item("Cut sh"), status="incomplete")
+    assert responses_streamed(responses_stream(final, "Cut sh", end="response.incomplete"), 7) == "Cut sh"
+
+
+def responses_streamed(body: bytes, step: int) -> str | None:
+    reader = AnswerReader(stream=True, api=Api.RESPONSES)
+    for i in range(0, len(body), step):
+        reader.feed(body[i : i + step])
+    return reader.text()
+
+
+@pytest.mark.parametrize("step", [1, 13, 4096])
+def test_a_responses_stream_gives_the_text_of_its_final_message(step: int) -> None:
+    final = response(REASONING, message_item("Revenue grew", "by 12%."))
+    # the deltas are not read (the final response carries the text); "error" in one is no error
+    body = responses_stream(final, "Revenue grew", '"error"', "by 12%.")
+    assert responses_streamed(body, step) == "Revenue grew\nby 12%."
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        responses_stream(response(message_item("Hi"), CALL)),  # a function call
+        responses_stream(response(message_item("A"), message_item("B"))),  # two messages
+        responses_stream(response(message_item("no", part="refusal"))),
+        responses_stream(response(status="failed"), end="response.failed"),
+        events({"type": "error", "code": "server_error", "message": "boom"}),
+        responses_stream(response(message_item("Hi")))[:-60],  # cut before its end
+    ],
+)
+def test_a_responses_stream_that_cannot_be_replayed_as_one_message_gives_nothing(body: bytes) -> None:
+    assert responses_streamed(body, 17) is None
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        (response(REASONING, message_item("Revenue grew.")), "Revenue grew."),
+        (response(message_item("Hi"), CALL), None),
+        (response(message_item("Cut sh"), status="incomplete"), "Cut sh"),  # at max_output_tokens
+        (response(message_item("Hi"), status="failed"), None),
+        ({"error": {"message": "no"}}, None),
+    ],
+)
+def test_a_whole_responses_answer_gives_its_text(doc: dict[str, Any], expected: str | None) -> None:
+    reader = AnswerReader(stream=False, api=Api.RESPONSES)
+    reader.feed(orjson.dumps(doc))
+    assert reader.text() == expected
+
+
+def test_a_replayed_responses_answer_is_read_as_the_message_learnt() -> None:
+    final = response(REASONING, message_item("Revenue grew", "by 12%."))
+    text = responses_streamed(responses_stream(final), 4096)
+    replay = {"instructions": "Be brief.", "input": [{"role": "user", "content": "Q?"}, *final["output"]]}
+    assert responses_messages(replay)[-1] == {"role": "assistant", "content": text}

@@ -253,11 +253,12 @@ class KvCacheIndex(Section):
     # Share routing decisions (speculative entries, approximate records) and remembered
     # /tokenize answers with the other ingress replicas over NATS.
     share_decisions: bool = True
-    # Read the answer each chat request (OpenAI chat completions, Anthropic Messages) got and
-    # remember its conversation with that answer where it was routed, so its next turn is
-    # matched through the answer (precise groups without a local tokenizer: one off-path
-    # /tokenize per turn, of the conversation with its answer, instead of its own messages;
-    # approximate: the answer's text chunks). false: no answer is read.
+    # Read the answer each chat request got (OpenAI chat completions, Anthropic Messages,
+    # Responses requests that resend their conversation) and remember its conversation with
+    # that answer where it was routed, so its next turn is matched through the answer (precise
+    # groups without a local tokenizer: one off-path /tokenize per turn, of the conversation
+    # with its answer, instead of its own messages; approximate: the answer's text chunks).
+    # false: no answer is read.
     learn_answers: bool = True
     # The older place of the top-level `load_sharing` section (still accepted; not both).
     load_sharing: LoadSharing | None = None

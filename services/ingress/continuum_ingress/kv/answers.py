@@ -1,5 +1,5 @@
-"""The answer a chat request got (an OpenAI chat completion or an Anthropic Messages response),
-read from the bytes the client received (no I/O;
+"""The answer a chat request got (an OpenAI chat completion, an Anthropic Messages response or
+an OpenAI Responses answer), read from the bytes the client received (no I/O;
 used by kv/remote_tokens.py and kv/selector.py, docs/kv-scorer.md "Remembered tokenizations"
 and "Approximate").
 
@@ -14,7 +14,11 @@ None when the answer cannot be replayed that way: more than one choice, tool or 
 an error event, a stream without its end (`data: [DONE]`, Anthropic's `message_stop`),
 malformed JSON, or more than `max_bytes`. An Anthropic answer is read the same way: its text
 blocks joined with newlines (as a replayed content array is read, `content_text`), and any
-other block (`tool_use`, `thinking`, ...) makes it unusable.
+other block (`tool_use`, `thinking`, ...) makes it unusable. A Responses answer is read from
+its final response object (`response.completed` or `.incomplete`, or the whole body): one assistant message
+item, its `output_text` parts joined with newlines as a replayed item is read
+(continuum_common.hashing.responses_input); reasoning items are left out as they are on replay,
+and any other item (a function call, a built-in tool call) makes it unusable.
 `AnswerRecorder` is the `ResponseRecorder` (hooks.ANSWER_RECORDER) around it that hands the
 answer, or None, to its owner exactly once.
 """
@@ -31,16 +35,24 @@ from continuum_ingress.protocol.apis import Api
 MAX_ANSWER_BYTES: Final = 256 * 1024  # a longer answer is not learnt (nor buffered)
 _CALLS: Final = ("tool_calls", "function_call")
 _BOM: Final = b"\xef\xbb\xbf"
-# The request APIs whose answers are read: OpenAI chat completions and Anthropic Messages.
-ANSWER_APIS: Final = frozenset({Api.CHAT, Api.MESSAGES})
+# (request API, API its keys follow) of the requests whose answers are read: OpenAI chat
+# completions, Anthropic Messages, and Responses requests that carry their whole conversation
+# (read as chat; one that continues a stored response has no keys of its own).
+_READ: Final = frozenset({(Api.CHAT, Api.CHAT), (Api.MESSAGES, Api.MESSAGES), (Api.RESPONSES, Api.CHAT)})
+# A Responses stream is read only at its end: the events that end it, and errors. A line
+# without one of these is not parsed (most lines are text deltas).
+_RESPONSES_ENDS: Final = (b"response.completed", b"response.failed", b"response.incomplete", b'"error"')
+# The events that carry a final answer: an incomplete one (cut at `max_output_tokens`) is still
+# replayed with the text it has, as a chat completion cut at `max_tokens` is.
+_RESPONSES_DONE: Final = frozenset({"response.completed", "response.incomplete"})
 # Anthropic stream events that carry nothing the replayed message depends on.
 _QUIET_EVENTS: Final = frozenset({"message_start", "content_block_stop", "ping"})
 
 
 def reads_answers(api: Api, key_api: Api) -> bool:
-    """Whether a request's answer can be read and replayed by its next turn: a chat request
-    keyed as it was sent (not a Responses request read as chat, whose answer is not a message)."""
-    return api is key_api and api in ANSWER_APIS
+    """Whether a request's answer can be read and replayed by its next turn: a chat request,
+    or a Responses request that resends its whole conversation."""
+    return (api, key_api) in _READ
 
 
 class AnswerReader:
@@ -51,11 +63,11 @@ class AnswerReader:
     chunk's JSON on one `data:` line. An event whose data spans several lines does not parse
     as JSON and makes the answer unusable (never a wrong text)."""
 
-    __slots__ = ("_blocks", "_body", "_done", "_failed", "_parts", "_size", "anthropic", "max_bytes", "stream")
+    __slots__ = ("_blocks", "_body", "_done", "_failed", "_parts", "_size", "api", "max_bytes", "stream")
 
-    def __init__(self, *, stream: bool, anthropic: bool = False, max_bytes: int = MAX_ANSWER_BYTES) -> None:
+    def __init__(self, *, stream: bool, api: Api = Api.CHAT, max_bytes: int = MAX_ANSWER_BYTES) -> None:
         self.stream = stream
-        self.anthropic = anthropic  # an Anthropic Messages answer, else an OpenAI chat completion
+        self.api = api  # the answer's shape: Api.CHAT, Api.MESSAGES or Api.RESPONSES
         self.max_bytes = max_bytes
         self._blocks = 0  # Anthropic content blocks begun
         self._body = bytearray()  # a whole body, or a stream's unfinished line
@@ -97,7 +109,9 @@ class AnswerReader:
             return None
         if not self.stream:
             body = bytes(self._body)
-            return _whole_message_text(body) if self.anthropic else _whole_text(body)
+            if self.api is Api.MESSAGES:
+                return _whole_message_text(body)
+            return _whole_response_text(body) if self.api is Api.RESPONSES else _whole_text(body)
         return "".join(self._parts) if self._done else None
 
     def _fail(self) -> None:
@@ -113,7 +127,10 @@ class AnswerReader:
             self._parts.append(text)
 
     def _data(self, data: bytes) -> None:
-        if data == b"[DONE]" and not self.anthropic:
+        if self.api is Api.RESPONSES:
+            self._responses_event(data)
+            return
+        if data == b"[DONE]" and self.api is Api.CHAT:
             self._done = True
             return
         try:
@@ -124,7 +141,7 @@ class AnswerReader:
         if not isinstance(chunk, dict) or "error" in chunk:
             self._fail()
             return
-        if self.anthropic:
+        if self.api is Api.MESSAGES:
             self._event(chunk)
             return
         choices = chunk.get("choices")
@@ -171,6 +188,26 @@ class AnswerReader:
         elif kind not in _QUIET_EVENTS:  # an error event, or one this reader does not know
             self._fail()
 
+    def _responses_event(self, data: bytes) -> None:
+        """One event of a Responses stream: only its end is read, the whole answer at once."""
+        if self._done or not any(end in data for end in _RESPONSES_ENDS):
+            return
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            self._fail()
+            return
+        kind = event.get("type") if isinstance(event, dict) else None
+        if kind in _RESPONSES_DONE:
+            text = _responses_output_text(event.get("response"))
+            if text is None:
+                self._fail()
+                return
+            self._add(text)
+            self._done = True
+        elif kind in ("response.failed", "error") or not isinstance(kind, str):
+            self._fail()
+
 
 class AnswerRecorder:
     """Reads the answer the forwarder feeds it and calls `on_answer` once: with the text when
@@ -179,9 +216,9 @@ class AnswerRecorder:
 
     __slots__ = ("on_answer", "reader")
 
-    def __init__(self, *, stream: bool, on_answer: Callable[[str | None], None], anthropic: bool = False) -> None:
+    def __init__(self, *, stream: bool, on_answer: Callable[[str | None], None], api: Api = Api.CHAT) -> None:
         self.on_answer = on_answer
-        self.reader: AnswerReader | None = AnswerReader(stream=stream, anthropic=anthropic)
+        self.reader: AnswerReader | None = AnswerReader(stream=stream, api=api)
 
     def feed(self, chunk: bytes) -> None:
         if self.reader is not None:
@@ -255,3 +292,38 @@ def _whole_message_text(body: bytes) -> str | None:
             return None
         texts.append(text)
     return "\n".join(texts)
+
+
+def _whole_response_text(body: bytes) -> str | None:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return _responses_output_text(doc)
+
+
+def _responses_output_text(response: Any) -> str | None:
+    """The text of a completed Responses answer: its one assistant message item's `output_text`
+    parts joined with newlines; None for anything its replay would not read as that message."""
+    if not isinstance(response, dict) or response.get("status") not in ("completed", "incomplete"):
+        return None
+    output = response.get("output")
+    if not isinstance(output, list):
+        return None
+    texts: list[str] | None = None
+    for item in output:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "reasoning":  # left out of the replayed conversation, as here
+            continue
+        if kind != "message" or item.get("role") != "assistant" or texts is not None:
+            return None
+        parts = item.get("content")
+        if not isinstance(parts, list):
+            return None
+        texts = []
+        for part in parts:
+            text = part.get("text") if isinstance(part, dict) and part.get("type") == "output_text" else None
+            if not isinstance(text, str):
+                return None  # a refusal, or a part the replay does not read as text
+            texts.append(text)
+    return None if texts is None else "\n".join(texts)

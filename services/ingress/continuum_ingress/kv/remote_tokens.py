@@ -247,7 +247,7 @@ class RemoteTokens:
         follow = AnswerRecorder(
             stream=state.stream,
             on_answer=partial(self._answered, client, state, messages, own),
-            anthropic=state.api is Api.MESSAGES,
+            api=state.api,
         )
         state.extras[ANSWER_RECORDER] = follow
         state.task.add_done_callback(lambda _: follow.settle(None))

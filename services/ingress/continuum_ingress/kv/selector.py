@@ -54,7 +54,6 @@ from continuum_ingress.policy.kv_cost import (
 )
 from continuum_ingress.policy.kv_scoring import Weights
 from continuum_ingress.policy.scorer import best_scored
-from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.requests import conversation_start, prompt_token_ids
 
 if TYPE_CHECKING:
@@ -350,9 +349,7 @@ class KvSelector:
         if not (group.learn_answers and reads_answers(state.api, state.key_api)) or ANSWER_RECORDER in state.extras:
             return
         learn = partial(self._learn_answer, group, backend, state.key_body)
-        state.extras[ANSWER_RECORDER] = AnswerRecorder(
-            stream=state.stream, on_answer=learn, anthropic=state.api is Api.MESSAGES
-        )
+        state.extras[ANSWER_RECORDER] = AnswerRecorder(stream=state.stream, on_answer=learn, api=state.api)
 
     def _learn_answer(self, group: GroupRuntime, backend: str, body: dict[str, Any], text: str | None) -> None:
         self.metrics.approximate_answers.labels(group.name, "unreadable" if text is None else "learnt").inc()
