@@ -221,11 +221,7 @@ async def test_the_answer_is_recorded_where_the_conversation_went(nats_server: N
             assert len(chain) > len(own) and chain[: len(own)] == own
             # both replicas hold the conversation through its answer where it went, so its next
             # turn counts only its new question as new work there
-            for ing in (ing_a, ing_b):
-                selector = ing.app.kv.selector  # type: ignore[union-attr]
-                memory = selector.groups["*"].memory
-                await eventually(lambda m=memory, s=selector: m.match(chain, [home], s.clock()) == {home: len(chain)})
-            assert sample(ing_a, "continuum_kv_approximate_answers_total", group="*", outcome="learnt") == 1
+            await recorded_on_both((ing_a, ing_b), home, chain)
             # the answer is not a request: the other replica's demand is the request's alone
             sa, sb = ing_a.app.kv.selector, ing_b.app.kv.selector  # type: ignore[union-attr]
             now = sa.clock()
@@ -237,6 +233,15 @@ async def test_the_answer_is_recorded_where_the_conversation_went(nats_server: N
             r = await a.post("/v1/chat/completions", json={"model": "m", "messages": replayed[:2], "stream": stream})
             assert r.status_code == 400
             assert sample(ing_a, "continuum_kv_approximate_answers_total", group="*", outcome="unreadable") == 1
+
+
+async def recorded_on_both(replicas: tuple[RunningIngress, RunningIngress], home: str, chain: list[int]) -> None:
+    """Both replicas hold `chain` on `home` (the first one learnt it from one answer)."""
+    for ing in replicas:
+        selector = ing.app.kv.selector  # type: ignore[union-attr]
+        memory = selector.groups["*"].memory
+        await eventually(lambda m=memory, s=selector: m.match(chain, [home], s.clock()) == {home: len(chain)})
+    assert sample(replicas[0], "continuum_kv_approximate_answers_total", group="*", outcome="learnt") == 1
 
 
 def message_text(r: httpx.Response, stream: bool) -> str:
@@ -270,11 +275,7 @@ async def test_an_anthropic_answer_is_recorded_where_the_conversation_went(
             own = chunk_chain(conversation_bytes(Api.MESSAGES, body), 16)
             chain = chunk_chain(conversation_bytes(Api.MESSAGES, next_turn), 16)[: len(own) + 1]
             assert len(chain) > len(own)
-            for ing in (ing_a, ing_b):
-                selector = ing.app.kv.selector  # type: ignore[union-attr]
-                memory = selector.groups["*"].memory
-                await eventually(lambda m=memory, s=selector: m.match(chain, [home], s.clock()) == {home: len(chain)})
-            assert sample(ing_a, "continuum_kv_approximate_answers_total", group="*", outcome="learnt") == 1
+            await recorded_on_both((ing_a, ing_b), home, chain)
 
 
 async def test_with_answer_learning_off_no_answer_is_read(nats_server: NatsServer) -> None:
@@ -304,8 +305,4 @@ async def test_a_responses_answer_is_recorded_where_the_conversation_went(nats_s
             own = chunk_chain(conversation_bytes(Api.CHAT, responses_chat_body(body)), 16)
             chain = chunk_chain(conversation_bytes(Api.CHAT, responses_chat_body(next_turn)), 16)[: len(own) + 1]
             assert len(chain) > len(own)
-            for ing in (ing_a, ing_b):
-                selector = ing.app.kv.selector  # type: ignore[union-attr]
-                memory = selector.groups["*"].memory
-                await eventually(lambda m=memory, s=selector: m.match(chain, [home], s.clock()) == {home: len(chain)})
-            assert sample(ing_a, "continuum_kv_approximate_answers_total", group="*", outcome="learnt") == 1
+            await recorded_on_both((ing_a, ing_b), home, chain)
