@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-from collections.abc import Coroutine
-from typing import Any
 
 from continuum_common.config.loader import load_router_config
 from continuum_common.errors import ContinuumError
 from continuum_common.logs import setup_logging
+from continuum_common.runner import run
 
 DEFAULT_HTTP_PORT = 9103
 
@@ -57,21 +55,11 @@ async def _serve(args: argparse.Namespace) -> None:
     await app.serve_forever()
 
 
-def _run(coro: Coroutine[Any, Any, None]) -> None:
-    """uvloop when installed (a declared dependency on Linux), else the default loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging("gemini-cache", args.log_level)
     try:
-        _run(_serve(args))
+        run(_serve(args))
     except ContinuumError as exc:
         print(f"continuum-gemini-cache: {exc}", file=sys.stderr)
         return 2

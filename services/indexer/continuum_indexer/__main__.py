@@ -11,6 +11,7 @@ import sys
 from continuum_common.config.loader import load_router_config, router_warnings
 from continuum_common.errors import ConfigError
 from continuum_common.logs import setup_logging
+from continuum_common.runner import run
 from continuum_indexer.app import IndexerApp
 from continuum_indexer.config import DEFAULT_DURABLE, ConsumerSettings, IndexerSettings, parse_listen
 
@@ -76,13 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for warning in router_warnings(settings.config):
         log.warning("%s", warning)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    asyncio.run(serve(settings))
+    run(serve(settings))
     return 0
 
 

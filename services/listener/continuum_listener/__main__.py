@@ -4,7 +4,6 @@ and SSE. Thin: parse arguments, load the configuration, run the app."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 
@@ -37,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         return _print_nats_user(args.config, args.print_nats_user, args.nats_password_var)
     setup_logging("kv-listener", args.log_level)
 
+    from continuum_common.runner import run
     from continuum_listener.app import serve
     from continuum_listener.config import load
     from continuum_listener.errors import ListenerError
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"continuum-kv-listener: {exc}", file=sys.stderr)
         return 1
     try:
-        asyncio.run(serve(settings))
+        run(serve(settings))
     except ListenerError as exc:  # e.g. the listen address or a ZMQ bind endpoint is taken
         print(f"continuum-kv-listener: {exc}", file=sys.stderr)
         return 1

@@ -45,9 +45,10 @@ def _validate_one(file: str, kind: str) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from continuum_common.logs import setup_logging
+    from continuum_common.runner import run
     from continuum_ingress.config_holder import resolve_config_path
     from continuum_ingress.workers import WorkerSeat
-    from continuum_router.run import run_loop, serve_forever
+    from continuum_router.run import serve_forever
 
     path = resolve_config_path(args.config)
     if path is None:
@@ -58,7 +59,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         seat = WorkerSeat(Path(args.worker_dir), args.worker_index, args.worker_count)
     setup_logging("ingress" if seat is None else f"ingress-{seat.index}", args.log_level)
     try:
-        code: int = run_loop(
+        code: int = run(
             serve_forever(path, args.host, args.port, args.watch_interval, worker=seat, log_level=args.log_level)
         )
     except ContinuumError as exc:  # a bad or unreadable config, a missing secret, a port in use
@@ -70,13 +71,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from continuum_common.logs import setup_logging
+    from continuum_common.runner import run
     from continuum_ingress.config_holder import resolve_config_path
-    from continuum_router.run import run_loop
     from continuum_router.up import up
 
     setup_logging("up", args.log_level)
     try:
-        run_loop(
+        run(
             up(
                 resolve_config_path(args.config),
                 demo=args.demo,

@@ -1,4 +1,4 @@
-"""Process-level runners: the event loop (uvloop), signals, and `continuum-router serve` (one
+"""Process-level runners: signals, the heap settings, and `continuum-router serve` (one
 process, a worker, or the supervisor of `server.workers` workers)."""
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
 from continuum_common.asgi_server import bind_tcp
 from continuum_common.config import load_router_config
@@ -22,21 +20,6 @@ from continuum_ingress.workers import WorkerSeat
 from continuum_router.compose import build_ingress
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """Run `main` on uvloop (the asyncio default loop where uvloop is unavailable)."""
-    factory = None
-    if sys.platform != "win32":
-        try:
-            import uvloop
-
-            factory = uvloop.new_event_loop
-        except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
-            factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(main)
 
 
 # The cyclic collector's young-generation threshold once the process has started. Requests in

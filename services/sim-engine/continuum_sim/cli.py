@@ -8,14 +8,14 @@ free ports (see `--info-file` to learn them).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from continuum_common.logs import setup_logging
+from continuum_common.runner import run
 from continuum_sim.app import serve_fleet
 from continuum_sim.config import DEFAULT_MODEL, EngineConfig, KvEventsConfig, config_from_dict
 from continuum_sim.errors import SimConfigError, SimError
@@ -149,14 +149,6 @@ def configs_from_args(args: argparse.Namespace) -> list[EngineConfig]:
     return configs
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:  # uvloop is optional (not on Windows)
-        return None
-    return uvloop.new_event_loop
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging("continuum-sim-engine", args.log_level)
@@ -166,8 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve_fleet(configs, args.info_file))
+        run(serve_fleet(configs, args.info_file))
     except (OSError, SimError) as exc:  # e.g. a port already in use
         print(f"error: {exc}", file=sys.stderr)
         return 1
