@@ -61,7 +61,8 @@ def test_compare_lists_every_registered_router(capsys: pytest.CaptureFixture[str
     assert compare.main(["--list"]) == 0
     listed = capsys.readouterr().out.split()
     for name in ("continuum-prefix-hash-kv", "continuum-kv-approx", "continuum-kv-precise", "continuum-kv-precise-redis",
-                 "continuum-kv-precise-x3", "continuum-kv-approx-x3", "direct-round-robin"):  # fmt: skip
+                 "continuum-kv-precise-x3", "continuum-kv-approx-x3", "continuum-kv-approx-bare",
+                 "direct-round-robin"):  # fmt: skip
         assert name in listed and name in ROUTERS
 
 
@@ -133,6 +134,9 @@ def test_kv_router_configs_validate_against_the_schema(name: str, stack: KvStack
         assert group.models == ["continuum-sim-8b"] and group.tokenizer is None and group.chat_template is None
         assert config.match_group_of("sim-1") is group
     assert stack.replicas == (3 if name.endswith("-x3") else 1)
+    bare = name.endswith("-bare")  # the single-replica features switched off, for measuring their cost
+    assert (index.learn_answers, index.share_decisions) == (not bare, not bare)
+    assert config.shared_load().enabled is not bare
 
 
 def test_precise_group_names_the_hf_tokenizer_files(tmp_path: Path) -> None:

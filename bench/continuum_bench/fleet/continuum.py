@@ -9,6 +9,7 @@
 | `continuum-kv-approx` | PrefixAwareHash + block index, `default_mode: approximate` (chained hashes of text chunks), the listener publishing engine block hashes (`publish: blocks`); memory index |
 | `continuum-kv-precise` | the same with one precise match group for the fleet: the engines' vLLM block hashes recomputed from the prompt's token ids (a local tokenizer with `--tokenizer hf`, else the engines' `/tokenize`) |
 | `continuum-kv-precise-redis` | `continuum-kv-precise` with `backend: redis`, a `redis-server` and a `continuum-indexer` |
+| `continuum-kv-approx-bare` | `continuum-kv-approx` without the features a single replica can do without: no answers read (`learn_answers: false`), no decisions or load shared over NATS (`share_decisions: false`, `load_sharing.enabled: false`); for measuring what they cost |
 | `continuum-kv-precise-x3`, `continuum-kv-approx-x3` | three `continuum-router serve` replicas sharing one NATS; the benchmark spreads requests over them |
 """
 
@@ -102,6 +103,8 @@ class KvStack:
     load_sharing: bool = True
     # Overrides of the precise match group (e.g. tokenize_memory_blocks).
     group: tuple[tuple[str, int | str], ...] = ()
+    # Overrides of top-level `kv_cache_index` switches (e.g. learn_answers).
+    index: tuple[tuple[str, bool], ...] = ()
 
 
 def match_group(ctx: FleetContext) -> dict[str, Any]:
@@ -134,6 +137,7 @@ def kv_index_config(ctx: FleetContext, stack: KvStack, salt_file: str) -> dict[s
         index["scoring"] = {"model": "cost", "cost": dict(stack.cost)}
     if not stack.load_sharing:
         index["load_sharing"] = {"enabled": False}
+    index.update(stack.index)
     return index
 
 
@@ -205,6 +209,17 @@ STACKS = (
     ("continuum-prefix-hash-kv", KvStack("continuum-kv-memory", "memory", "prefix_key", "prefix")),
     ("continuum-prefix-hash-kv-redis", KvStack("continuum-kv-redis", "redis", "prefix_key", "prefix")),
     ("continuum-kv-approx", KvStack("continuum-kv-approx", "memory", "approximate", "blocks")),
+    (
+        "continuum-kv-approx-bare",
+        KvStack(
+            "continuum-kv-approx-bare",
+            "memory",
+            "approximate",
+            "blocks",
+            load_sharing=False,
+            index=(("learn_answers", False), ("share_decisions", False)),
+        ),
+    ),
     ("continuum-kv-precise", KvStack("continuum-kv-precise", "memory", "precise", "blocks")),
     ("continuum-kv-precise-redis", KvStack("continuum-kv-precise-redis", "redis", "precise", "blocks")),
     ("continuum-kv-precise-x3", KvStack("continuum-kv-precise-x3", "memory", "precise", "blocks", replicas=3)),
