@@ -1,11 +1,9 @@
 """The event loop every Continuum process runs on: uvloop where it is installed (a declared
 dependency on POSIX), asyncio's default loop elsewhere.
 
-Why one place: each service's `__main__` used to choose its own loop, and the KV listener's
-standalone process ended up on asyncio's selector loop while the same listener inside
-`continuum-router up` ran on uvloop. uvloop's loop iteration and socket transports cost less
-per wake-up, which matters most to the processes that wake for every engine batch (the
-listener) or every streamed chunk (the ingress).
+Why one place: a process that picks its own loop can end up on a different one from the same
+code run elsewhere (the KV listener runs inside `continuum-router up` as well as on its own), and
+then its timings and behaviour differ between the two. Every `__main__` calls `run`.
 """
 
 from __future__ import annotations
