@@ -91,6 +91,40 @@ async def test_interrupted_streams_are_not_cached() -> None:
             assert len(stub.requests) == 3
 
 
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_stream_whose_client_closed_on_done_is_stored(backend: str, redis_server: RedisServer) -> None:
+    # Clients often close the connection on `data: [DONE]`, before the upstream's end of body
+    # reaches the ingress (here the upstream waits 2 s after its last event).
+    async with running_stubs("a") as stubs:
+        stub = stubs[0].stub
+        stub.end_delay = 2.0
+        store: dict[str, Any] = {"backend": "redis", "redis": {"url": redis_server.url}} if backend == "redis" else {}
+        async with running_ingress(cache_config(stub_backends(stubs), **store)) as ing, _openai(ing.url) as oc:
+            async with (
+                httpx.AsyncClient(base_url=ing.url) as client,
+                client.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": MESSAGES, "temperature": 0, "stream": True},
+                    headers={"authorization": "Bearer sk-tenant-a"},
+                ) as r,
+            ):
+                assert r.headers["x-cache"] == "MISS"
+                async for line in r.aiter_lines():
+                    if line == "data: [DONE]":
+                        break
+
+            async def cancelled() -> bool:
+                return stub.cancelled == 1
+
+            await _until(cancelled)
+            await wait_entries(ing.url, 1)
+            stub.end_delay = 0
+            assert await _x_cache(oc, stream=True) == "HIT"
+            assert len(stub.requests) == 1
+            assert await metric(ing.url, "continuum_response_cache_late_commits_total", outcome="stored") == 1
+
+
 async def test_oversized_answers_are_served_but_not_stored() -> None:
     async with running_stubs("a") as stubs:
         cfg = cache_config(stub_backends(stubs), max_response_size=64, max_stream_buffer_size=200)

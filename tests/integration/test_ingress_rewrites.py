@@ -148,6 +148,9 @@ class _Recorder:
     def abort(self) -> None:
         self.parts.clear()
 
+    def abandon(self, status: int, headers: Sequence[tuple[str, str]]) -> None:
+        self.parts.clear()
+
 
 async def test_response_cache_hook_hit_miss_bypass_and_stream_replay() -> None:
     cache = DictCache()

@@ -3,6 +3,7 @@ relies on (lookup → HIT/MISS/BYPASS, store, stream recording, stats, invalidat
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -20,6 +21,7 @@ from continuum_ingress.cache import (
     Route,
     build_response_cache,
 )
+from continuum_ingress.cache.facade import MAX_LATE_COMMITS
 from tests.unit.test_cache_sse import anthropic_stream, openai_stream, random_chunks
 
 KEY_A = {"authorization": "Bearer sk-tenant-a"}
@@ -179,6 +181,43 @@ async def test_interrupted_and_oversized_streams_are_not_cached() -> None:
     rec3.feed(stream[: len(stream) // 2])
     assert not await rec3.commit(200, SSE)  # upstream ended without [DONE]
     assert (await cache2.lookup(req(body))).status is CacheStatus.MISS
+
+
+async def test_a_stream_whose_client_left_after_the_terminal_event_is_stored_in_the_background() -> None:
+    registry = CollectorRegistry()
+    cache = make(registry)
+    stream = openai_stream(["a", "b"])
+    late = registry.get_sample_value
+
+    async def abandoned(text: str, fed: bytes, status: int = 200) -> CacheStatus:
+        body = chat(text, stream=True)
+        rec = cache.recorder(await cache.lookup(req(body)))
+        assert rec is not None
+        rec.feed(fed)
+        rec.abandon(status, list(SSE.items()))
+        await asyncio.sleep(0)  # the background store
+        await asyncio.sleep(0)
+        return (await cache.lookup(req(body))).status
+
+    assert await abandoned("whole", stream) is CacheStatus.HIT
+    assert late("continuum_response_cache_late_commits_total", {"outcome": "stored"}) == 1
+    assert await abandoned("cut", stream[: len(stream) // 2]) is CacheStatus.MISS  # no [DONE] yet: forgotten
+    assert await abandoned("refused", stream, status=429) is CacheStatus.MISS
+    assert late("continuum_response_cache_late_commits_total", {"outcome": "stored"}) == 1
+
+    # Beyond MAX_LATE_COMMITS pending stores, the answer is not stored, and that is counted.
+    recs = []
+    for i in range(MAX_LATE_COMMITS + 1):
+        rec = cache.recorder(await cache.lookup(req(chat(f"burst {i}", stream=True))))
+        assert rec is not None
+        rec.feed(stream)
+        recs.append(rec)
+    for rec in recs:
+        rec.abandon(200, list(SSE.items()))
+    assert late("continuum_response_cache_late_commits_total", {"outcome": "skipped"}) == 1
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert late("continuum_response_cache_late_commits_total", {"outcome": "stored"}) == 1 + MAX_LATE_COMMITS
 
 
 async def test_whole_bodies_can_be_recorded_chunk_by_chunk() -> None:

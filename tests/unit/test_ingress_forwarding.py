@@ -131,6 +131,7 @@ class Recorder:
         self.fed: list[bytes] = []
         self.committed: tuple[int, Sequence[tuple[str, str]]] | None = None
         self.aborted = False
+        self.abandoned: tuple[int, Sequence[tuple[str, str]]] | None = None
 
     def feed(self, chunk: bytes) -> None:
         self.fed.append(chunk)
@@ -141,6 +142,9 @@ class Recorder:
 
     def abort(self) -> None:
         self.aborted = True
+
+    def abandon(self, status: int, headers: Sequence[tuple[str, str]]) -> None:
+        self.abandoned = (status, headers)
 
 
 class RecordingCache:
@@ -341,6 +345,22 @@ async def test_a_stream_broken_midway_ends_with_an_in_band_error() -> None:
     _, client = await r.forward(STREAM)
     assert b"broke off the stream (Disconnected)" in client.chunks[1]
     assert r.counter("continuum_backend_requests_total", backend="a", outcome="stream_error") == 1
+
+
+async def test_a_stream_cancelled_after_its_last_event_is_abandoned_not_aborted() -> None:
+    # The client closed the connection on [DONE]; the upstream's end had not arrived yet.
+    events = [b'data: {"n":1}\n\n', b"data: [DONE]\n\n"]
+    r = rig({"a": [Reply(headers=list(SSE), body=[*events, 5.0])]})
+    task = asyncio.create_task(r.forward(STREAM, CacheLookup(CacheStatus.MISS, key="k")))
+    async with asyncio.timeout(5):
+        while not r.cache.recorders or len(r.cache.recorders[0].fed) < 2:
+            await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    recorder = r.cache.recorders[0]
+    assert recorder.fed == events and recorder.committed is None and not recorder.aborted
+    assert recorder.abandoned == (200, [("content-type", "text/event-stream")])
 
 
 async def test_a_miss_is_recorded_after_the_client_has_it() -> None:

@@ -151,13 +151,21 @@ async def test_a_recorder_settles_once_with_the_answer_the_client_got() -> None:
 async def test_a_stream_closed_by_the_client_after_done_is_still_a_whole_answer() -> None:
     follow, settled = recorder(stream=True)
     follow.feed(STREAM)
-    follow.abort()  # the client closed on [DONE]; the request ends cancelled
+    follow.abandon(200, [])  # the client closed on [DONE]; the request ends cancelled
     assert settled == ["Revenue grew by 12%.\\n"]
     cut, cut_settled = recorder(stream=True)
     cut.feed(STREAM[:40])
-    cut.abort()
+    cut.abandon(200, [])
     cut.settle(None)
     assert cut_settled == [None]
+    refused, refused_settled = recorder(stream=True)
+    refused.feed(STREAM)
+    refused.abandon(429, [])  # a whole stream under an error status is no answer
+    assert refused_settled == [None]
+    broken, broken_settled = recorder(stream=True)
+    broken.feed(STREAM)
+    broken.abort()  # the upstream broke after [DONE]: the client still got it all
+    assert broken_settled == ["Revenue grew by 12%.\\n"]
 
 
 async def test_a_failed_or_unfed_answer_settles_empty_when_the_request_ends() -> None:

@@ -17,6 +17,7 @@ class Tape:
         self.fed: list[bytes] = []
         self.committed: list[int] = []
         self.aborted = 0
+        self.abandoned: list[int] = []
         self.fail = fail
 
     def feed(self, chunk: bytes) -> None:
@@ -30,6 +31,11 @@ class Tape:
 
     def abort(self) -> None:
         self.aborted += 1
+        if self.fail:
+            raise RuntimeError("boom")
+
+    def abandon(self, status: int, headers: Sequence[tuple[str, str]]) -> None:
+        self.abandoned.append(status)
         if self.fail:
             raise RuntimeError("boom")
 
@@ -57,6 +63,9 @@ async def test_a_failing_first_recorder_does_not_starve_the_second() -> None:
     with pytest.raises(RuntimeError):
         pair.abort()
     assert answer.aborted == 1
+    with pytest.raises(RuntimeError):
+        pair.abandon(200, [])
+    assert cache.abandoned == answer.abandoned == [200]
 
 
 def test_the_answer_recorder_joins_the_cache_recorder_only_when_set() -> None:

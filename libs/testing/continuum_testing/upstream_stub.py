@@ -48,6 +48,7 @@ class StubUpstream:
     break_stream_after: int | None = None
     stall_after: int | None = None  # pause `stall_s` seconds after sending this many stream events
     stall_s: float = 0.0
+    end_delay: float = 0.0  # seconds between a stream's last event and the end of its body
     health_status: int = 200
     cancelled: int = 0  # requests whose client disconnected before the answer was finished
     active: int = 0
@@ -271,6 +272,9 @@ class StubUpstream:
                 self.cancelled += 1
                 return
             await send({"type": "http.response.body", "body": event, "more_body": True})
+        if self.end_delay and await _client_left(receive, self.end_delay):
+            self.cancelled += 1  # e.g. a client that closed the connection on `[DONE]`
+            return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

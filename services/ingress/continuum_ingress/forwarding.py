@@ -511,6 +511,7 @@ class Forwarder:
                     recorder.feed(chunk)
             if translator is not None and (tail := translator.end()):
                 await channel.body(tail, more=True)
+            await channel.body(b"")
         except UpstreamError as exc:
             backend.record_failure(self.clock())
             idle = isinstance(exc, ReadTimeout)
@@ -526,11 +527,16 @@ class Forwarder:
             await channel.body(stream_error_event(state.api.error_style, message), more=True)
             await channel.body(b"")
             return
+        except asyncio.CancelledError:
+            # The client left (or the router is stopping) before the upstream's end: a stream
+            # it closed on its terminal event is still a whole answer.
+            if recorder is not None:
+                recorder.abandon(response.status, _text_headers(response.headers))
+            raise
         except BaseException:
             if recorder is not None:
                 recorder.abort()
             raise
-        await channel.body(b"")
         self.metrics.backend(backend.name, "success")
         if recorder is not None:
             await recorder.commit(response.status, _text_headers(response.headers))

@@ -46,6 +46,13 @@ class ResponseRecorder(Protocol):
     def abort(self) -> None:
         """The response failed or was cut short: forget what was fed."""
 
+    def abandon(self, status: int, headers: Sequence[tuple[str, str]]) -> None:
+        """The request ended before the upstream's end reached the ingress (the client closed
+        the connection, or the request was cancelled), after everything fed had been sent:
+        keep the answer if it is already whole (a stream whose terminal event went out, which
+        clients often close on), else forget it as `abort` does. Never waits: anything to
+        store is stored in the background."""
+
 
 class RecorderPair:
     """Two recorders fed the same answer (the response cache's and `ANSWER_RECORDER`'s)."""
@@ -71,6 +78,12 @@ class RecorderPair:
             self.first.abort()
         finally:
             self.second.abort()
+
+    def abandon(self, status: int, headers: Sequence[tuple[str, str]]) -> None:
+        try:
+            self.first.abandon(status, headers)
+        finally:
+            self.second.abandon(status, headers)
 
 
 def answer_recorders(state: RequestState, cache: ResponseRecorder | None) -> ResponseRecorder | None:

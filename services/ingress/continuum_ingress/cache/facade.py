@@ -10,7 +10,8 @@ Per request:
         rec = cache.recorder(lookup)                 # None unless a MISS worth recording
         for each body chunk: send it to the client, then rec.feed(chunk)
         answer complete:       await rec.commit(status, headers)    (stores it if storable)
-        error / client gone:   rec.abort()
+        error:                 rec.abort()
+        client gone:           rec.abandon(status, headers)  (a whole stream is still stored)
 
 (`await cache.store(lookup, status=, headers=, body=)` does the same for a whole body at once.)
 
@@ -20,6 +21,7 @@ entries become misses, and store/commit report False instead of raising.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -106,6 +108,11 @@ CACHE_OFF = CacheLookup(CacheStatus.OFF)
 _OFF = CacheLookup(CacheStatus.OFF, reason=Reason.DISABLED)
 
 
+# Streams stored after their client left (ResponseRecording.abandon), at once: each store is
+# bounded by the store's own timeouts, and beyond this many the answer is not stored (counted).
+MAX_LATE_COMMITS = 32
+
+
 class Closable(Protocol):
     async def aclose(self) -> None: ...
 
@@ -133,6 +140,7 @@ class ResponseCache:
         self._memory = store if isinstance(store, InMemoryCacheStore) else None
         self.counts = {"hit": 0, "miss": 0, "skip": 0}
         self.semantic_hits = 0
+        self._late: set[asyncio.Task[bool]] = set()
         # Set by factory.build_response_cache: applies a new configuration (hot reload).
         self.reloader: Callable[[ResponseCache, RouterConfig, RedisClient | None], None] | None = None
 
@@ -261,6 +269,22 @@ class ResponseCache:
         ):
             self.semantic.remember(ticket)
         return stored
+
+    def commit_later(self, recording: ResponseRecording, status: int, headers: Iterable[tuple[str, str]]) -> None:
+        """Store a whole answer whose request has already ended (its client left after the
+        terminal event) in the background; skipped, and counted, when too many are pending."""
+        if len(self._late) >= MAX_LATE_COMMITS:
+            recording.abort("busy")
+            self.metrics.count_late_commit("skipped")
+            return
+        task = asyncio.get_running_loop().create_task(recording.commit(status, headers))
+        self._late.add(task)
+        task.add_done_callback(self._late_done)
+
+    def _late_done(self, task: asyncio.Task[bool]) -> None:
+        self._late.discard(task)
+        if not task.cancelled():  # commit never raises: store outages return False
+            self.metrics.count_late_commit("stored" if task.result() else "not_stored")
 
     def recorder(self, lookup: CacheLookup) -> ResponseRecording | None:
         """A recorder for the answer to a MISS (stream or whole body), or None when that
@@ -392,6 +416,14 @@ class ResponseRecording:
         self._parts = []
         if self.stream is not None:
             self.stream.abort(reason)
+
+    def abandon(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
+        """The request ended before the upstream's end (kept in the background when whole)."""
+        stream = self.stream
+        if self.failure is None and status == 200 and stream is not None and stream.complete:
+            self._cache.commit_later(self, status, headers)
+        else:
+            self.abort()
 
     async def commit(self, status: int, headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> bool:
         """The whole answer reached the client: store it if it is storable. True if stored."""

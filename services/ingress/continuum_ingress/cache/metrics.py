@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 RESULTS: Final = ("hit", "miss", "skip")
 REDIS_OPERATIONS: Final = ("get", "set", "delete", "clear", "ping", "stats")
 EMBEDDING_FAILURES: Final = ("timeout", "error")
+LATE_COMMITS: Final = ("stored", "not_stored", "skipped")
 # Loopback Redis answers in ~100 µs, a LAN one in 0.1-2 ms, the command timeout is ~1 s.
 _LATENCY_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -57,12 +58,23 @@ class CacheMetrics:
             ["reason"],
             registry=registry,
         )
+        self.late_commits = Counter(
+            "continuum_response_cache_late_commits_total",
+            "Streams whose client closed the connection after the terminal event, before the upstream's end: "
+            "stored in the background, not stored, or skipped (too many such stores pending)",
+            ["outcome"],
+            registry=registry,
+        )
         # Pre-create every allowed series so dashboards see zeros, not gaps.
         self._result = {r: self.requests.labels(result=r) for r in RESULTS}
         self._latency = {op: self.redis_latency.labels(operation=op) for op in REDIS_OPERATIONS}
         for reason in EMBEDDING_FAILURES:
             self.embedding_failures.labels(reason=reason)
+        self._late = {o: self.late_commits.labels(outcome=o) for o in LATE_COMMITS}
         self.fallback_active.set(0)
+
+    def count_late_commit(self, outcome: str) -> None:
+        self._late[outcome].inc()
 
     def count_result(self, result: str) -> None:
         self._result[result].inc()

@@ -231,10 +231,15 @@ class AnswerRecorder:
 
     def abort(self) -> None:
         # An answer cut short is not what the client replays. A stream whose `[DONE]` went out
-        # is whole, though: clients often close the connection on it, before the upstream's
-        # end reaches the ingress, and the request then ends cancelled.
+        # is whole, though (the reader saw its end), whatever broke afterwards.
         reader = self.reader
         self.settle(reader.text() if reader is not None and reader.stream else None)
+
+    def abandon(self, status: int, headers: Sequence[tuple[str, str]]) -> None:
+        # Clients often close the connection on `[DONE]`, before the upstream's end reaches
+        # the ingress: the request then ends cancelled with a whole answer.
+        reader = self.reader
+        self.settle(reader.text() if reader is not None and reader.stream and status < 300 else None)
 
     def settle(self, text: str | None) -> None:
         if self.reader is None:
