@@ -24,6 +24,11 @@ event at once and 16 more events 2 ms later (as an engine sends its first token,
 and the latency measured is the time to the first event, the part of a time to first token a
 router adds.
 
+`--tokens 120 --token-gap-ms 6.5` makes each streamed answer the fleet's shape instead: after
+the first event, 120 more, one write each 6.5 ms (the router relays every one), and
+`--prompt-bytes 8000` sends a system prompt of about 8 KB (the fleet's multi-turn prompts are
+4-12 KB) instead of the ~240-byte default request.
+
 `--transport h1 aiohttp` measures the ingress with each upstream HTTP transport: the hand-written
 HTTP/1.1 pool (the product's) and aiohttp (`pip install -e '.[bench]'`). Every variant then runs
 in the same one-process launcher (the composition `serve` runs with one worker: the ingress app
@@ -64,6 +69,20 @@ BODY = json.dumps(
 STREAM_BODY = json.dumps({**json.loads(BODY), "stream": True}).encode()
 
 
+def _bodies(prompt_bytes: int) -> tuple[bytes, bytes]:
+    """(whole, streamed) request bodies; with `prompt_bytes`, a system prompt of about that
+    many bytes (the benchmark fleet's prompts are 4-12 KB) instead of the ~240-byte default."""
+    if prompt_bytes <= 0:
+        return BODY, STREAM_BODY
+    words = [f"item{i % 997} holds {i * 7 % 101} parts" for i in range(prompt_bytes // 20 + 1)]
+    system = " ".join(words)[:prompt_bytes]
+    doc = {
+        **json.loads(BODY),
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Say hello."}],
+    }
+    return json.dumps(doc).encode(), json.dumps({**doc, "stream": True}).encode()
+
+
 def _sse_chunk(data: str) -> bytes:
     event = f"data: {data}\n\n".encode()
     return b"%x\r\n%s\r\n" % (len(event), event)
@@ -95,7 +114,11 @@ ANSWER = json.dumps(
 
 # -- the fast backend ---------------------------------------------------------------------
 class _Backend(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, tokens: int = 0, token_gap_s: float = 0.0) -> None:
+        # tokens > 0: after the first event, `tokens` more, one write each `token_gap_s` apart
+        # (as an engine streams a long answer), instead of the rest at once 2 ms later
+        self.tokens = tokens
+        self.token_gap_s = token_gap_s
         self.buf = b""
         self.transport: asyncio.WriteTransport | None = None
         self.reply = (
@@ -141,27 +164,42 @@ class _Backend(asyncio.Protocol):
                 self.transport.write(self.models if head.startswith(b"get /v1/models") else self.health)
             elif streamed:
                 self.transport.write(STREAM_FIRST)
-                asyncio.get_running_loop().call_later(STREAM_GAP_S, self._rest)
+                if self.tokens > 0:
+                    asyncio.get_running_loop().call_later(self.token_gap_s, self._token, self.transport, 1)
+                else:
+                    asyncio.get_running_loop().call_later(STREAM_GAP_S, self._rest)
             else:
                 self.transport.write(self.reply)
+
+    def _token(self, transport: asyncio.WriteTransport, sent: int) -> None:
+        if transport.is_closing():
+            return
+        if sent >= self.tokens:
+            transport.write(_sse_chunk(_delta("", "stop")) + _sse_chunk("[DONE]") + b"0\r\n\r\n")
+            return
+        transport.write(_sse_chunk(_delta(f" word{sent}")))
+        asyncio.get_running_loop().call_later(self.token_gap_s, self._token, transport, sent + 1)
 
     def _rest(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(STREAM_REST)
 
 
-async def _serve_backend(port: int) -> None:
+async def _serve_backend(port: int, tokens: int = 0, token_gap_s: float = 0.0) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(_Backend, "127.0.0.1", port, backlog=2048)
+    server = await loop.create_server(lambda: _Backend(tokens, token_gap_s), "127.0.0.1", port, backlog=2048)
     print("ready", flush=True)
     async with server:
         await server.serve_forever()
 
 
 # -- the load generator -------------------------------------------------------------------
-async def _client(port: int, path: str, deadline: float, latencies: list[float], stream: bool = False) -> None:
+async def _client(
+    port: int, path: str, deadline: float, latencies: list[float], stream: bool = False, prompt_bytes: int = 0
+) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    body = STREAM_BODY if stream else BODY
+    whole, streamed = _bodies(prompt_bytes)
+    body = streamed if stream else whole
     request = (
         f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
         f"authorization: Bearer bench\r\ncontent-length: {len(body)}\r\n\r\n"
@@ -198,15 +236,19 @@ async def _first_event(reader: asyncio.StreamReader, head: bytes) -> float:
             return first
 
 
-async def _load(port: int, concurrency: int, seconds: float, warmup: float, stream: bool = False) -> dict[str, float]:
+async def _load(
+    port: int, concurrency: int, seconds: float, warmup: float, stream: bool = False, prompt_bytes: int = 0
+) -> dict[str, float]:
     path = "/v1/chat/completions"
     warm: list[float] = []
     if warmup:
         deadline = time.perf_counter() + warmup
-        await asyncio.gather(*(_client(port, path, deadline, warm, stream) for _ in range(concurrency)))
+        await asyncio.gather(*(_client(port, path, deadline, warm, stream, prompt_bytes) for _ in range(concurrency)))
     latencies: list[float] = []
     start = time.perf_counter()
-    await asyncio.gather(*(_client(port, path, start + seconds, latencies, stream) for _ in range(concurrency)))
+    await asyncio.gather(
+        *(_client(port, path, start + seconds, latencies, stream, prompt_bytes) for _ in range(concurrency))
+    )
     elapsed = time.perf_counter() - start
     latencies.sort()
     return {
@@ -258,18 +300,27 @@ def _tree_cpu(pid: int) -> float:
 
 
 def _run_load(
-    port: int, concurrency: int, seconds: float, warmup: float, router: int | None = None, *, stream: bool = False
+    port: int,
+    concurrency: int,
+    seconds: float,
+    warmup: float,
+    router: int | None = None,
+    *,
+    stream: bool = False,
+    prompt_bytes: int = 0,
 ) -> dict[str, float]:
     """One load run; with `router` (a pid) also that router's CPU µs per request over the run
     (warm-up included in both the time and the count: the load process reports both)."""
     before = _tree_cpu(router) if router is not None else 0.0
-    result = _load_process(port, concurrency, seconds, warmup, stream)
+    result = _load_process(port, concurrency, seconds, warmup, stream, prompt_bytes)
     if router is not None:
         result["cpu_us"] = (_tree_cpu(router) - before) * 1e6 / max(1.0, result["all_requests"])
     return result
 
 
-def _load_process(port: int, concurrency: int, seconds: float, warmup: float, stream: bool) -> dict[str, float]:
+def _load_process(
+    port: int, concurrency: int, seconds: float, warmup: float, stream: bool, prompt_bytes: int
+) -> dict[str, float]:
     out = subprocess.run(
         [
             sys.executable,
@@ -280,7 +331,8 @@ def _load_process(port: int, concurrency: int, seconds: float, warmup: float, st
             str(concurrency),
             str(seconds),
             str(warmup),
-            *(["stream"] if stream else []),
+            "stream" if stream else "whole",
+            str(prompt_bytes),
         ],
         check=True,
         capture_output=True,
@@ -419,7 +471,16 @@ def main_bench(args: argparse.Namespace) -> None:
     routers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         backend = subprocess.Popen(
-            [sys.executable, "-m", "continuum_bench.ingress_latency", "backend", str(backend_port)], env=env
+            [
+                sys.executable,
+                "-m",
+                "continuum_bench.ingress_latency",
+                "backend",
+                str(backend_port),
+                str(args.tokens),
+                str(args.token_gap_ms / 1000),
+            ],
+            env=env,
         )
         try:
             _wait_port(backend_port, backend)
@@ -429,9 +490,26 @@ def main_bench(args: argparse.Namespace) -> None:
                 direct: list[dict[str, float]] = []
                 via: dict[str, list[dict[str, float]]] = {name: [] for name in routers}
                 for _ in range(args.repeats):
-                    direct.append(_run_load(backend_port, concurrency, args.seconds, args.warmup, stream=args.stream))
+                    direct.append(
+                        _run_load(
+                            backend_port,
+                            concurrency,
+                            args.seconds,
+                            args.warmup,
+                            stream=args.stream,
+                            prompt_bytes=args.prompt_bytes,
+                        )
+                    )
                     for name, (port, proc) in routers.items():
-                        load = _run_load(port, concurrency, args.seconds, args.warmup, proc.pid, stream=args.stream)
+                        load = _run_load(
+                            port,
+                            concurrency,
+                            args.seconds,
+                            args.warmup,
+                            proc.pid,
+                            stream=args.stream,
+                            prompt_bytes=args.prompt_bytes,
+                        )
                         via[name].append(load)
                 for name, runs in via.items():
                     rows.append((concurrency, name, _median(direct), _median(runs)))
@@ -490,7 +568,8 @@ async def _serve_ingress(config: Path, port: int, transport: str) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "backend":
-        uvloop.run(_serve_backend(int(sys.argv[2])))
+        tokens, gap = (int(sys.argv[3]), float(sys.argv[4])) if len(sys.argv) > 4 else (0, 0.0)
+        uvloop.run(_serve_backend(int(sys.argv[2]), tokens, gap))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "ingress":
         uvloop.run(_serve_ingress(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
@@ -498,7 +577,8 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "load":
         port, concurrency, seconds, warmup = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
         stream = sys.argv[6:7] == ["stream"]
-        print(json.dumps(uvloop.run(_load(port, concurrency, seconds, warmup, stream))))
+        prompt_bytes = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+        print(json.dumps(uvloop.run(_load(port, concurrency, seconds, warmup, stream, prompt_bytes))))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
@@ -529,6 +609,20 @@ def main() -> None:
         choices=["h1", "aiohttp"],
         help="upstream HTTP transport(s) of the ingress: h1 (the hand-written pool, default) and/or aiohttp; "
         "anything but `h1` alone runs every variant in the one-process launcher (one worker)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=0,
+        help="--stream: after the first event, this many more, one write each --token-gap-ms apart "
+        "(as an engine streams; the fleet's answers are 64-120 tokens 6.5 ms apart); default: 16 in one write 2 ms later",
+    )
+    parser.add_argument("--token-gap-ms", type=float, default=6.5)
+    parser.add_argument(
+        "--prompt-bytes",
+        type=int,
+        default=0,
+        help="a system prompt of about this many bytes (default: a ~240-byte request; the fleet's are 4-12 KB)",
     )
     parser.add_argument("--tracing", action="store_true", help="also measure each Continuum with every request traced")
     parser.add_argument(

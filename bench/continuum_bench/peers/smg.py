@@ -1,5 +1,8 @@
 """smg (PyPI `smg`, the SGLang model gateway, lightseekorg/smg) as a peer in `bench compare`:
-`smg-cache-aware` (docs/peer-routers.md).
+`smg-cache-aware` (docs/peer-routers.md), and `smg-cache-aware-beside-kv`, a diagnostic: smg
+routes while Continuum's KV event pipeline (a nats-server, the KV listener and an ingress
+consuming the events, `continuum-kv-precise`'s stack) runs beside it on the same cores, unused,
+to measure what that pipeline's CPU costs a router's time to first token.
 
 `cache_aware` keeps an approximate radix tree of the request text each worker has been sent
 and picks the worker with the longest match when it covers at least `cache_threshold` of the
@@ -14,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from continuum_bench.compare import FleetContext, router
+from continuum_bench.fleet.continuum import KvStack, kv_stack
 from continuum_bench.peers.common import peer_binary, running_peer, same_urls
 from continuum_sim import EngineEndpoints
 
@@ -67,4 +71,14 @@ async def smg(ctx: FleetContext, name: str, policy: str) -> AsyncIterator[str]:
 @contextlib.asynccontextmanager
 async def smg_cache_aware(ctx: FleetContext) -> AsyncIterator[str]:
     async with smg(ctx, "smg-cache-aware", "cache_aware") as url:
+        yield url
+
+
+@router("smg-cache-aware-beside-kv")
+@contextlib.asynccontextmanager
+async def smg_cache_aware_beside_kv(ctx: FleetContext) -> AsyncIterator[str]:
+    async with (
+        kv_stack(ctx, KvStack("continuum-kv-beside", "memory", "precise", "blocks")),
+        smg(ctx, "smg-cache-aware-beside-kv", "cache_aware") as url,
+    ):
         yield url
