@@ -7,7 +7,9 @@ a stream or stall between chunks) and the official `openai` SDK."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,17 @@ async def _x_cache(oc: openai.AsyncOpenAI, *, stream: bool = False) -> str | Non
         return r.headers.get("x-cache")
 
 
+@contextlib.asynccontextmanager
+async def _raw_stream(url: str, headers: dict[str, str] | None = None) -> AsyncIterator[httpx.Response]:
+    """A streamed chat completion read (and left) by hand, without the SDK."""
+    body = {"model": "m", "messages": MESSAGES, "temperature": 0, "stream": True}
+    async with (
+        httpx.AsyncClient(base_url=url) as client,
+        client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r,
+    ):
+        yield r
+
+
 async def _until(predicate: Any, timeout: float = 5.0) -> None:
     async with asyncio.timeout(timeout):
         while not await predicate():
@@ -67,14 +80,7 @@ async def test_interrupted_streams_are_not_cached() -> None:
             stub.break_stream_after = None
             # The client goes away after the first chunk.
             stub.chunk_delay = 0.2
-            async with (
-                httpx.AsyncClient(base_url=ing.url) as client,
-                client.stream(
-                    "POST",
-                    "/v1/chat/completions",
-                    json={"model": "m", "messages": MESSAGES, "temperature": 0, "stream": True},
-                ) as r,
-            ):
+            async with _raw_stream(ing.url) as r:
                 assert r.headers["x-cache"] == "MISS"
                 async for _ in r.aiter_bytes():
                     break
@@ -100,15 +106,7 @@ async def test_a_stream_whose_client_closed_on_done_is_stored(backend: str, redi
         stub.end_delay = 2.0
         store: dict[str, Any] = {"backend": "redis", "redis": {"url": redis_server.url}} if backend == "redis" else {}
         async with running_ingress(cache_config(stub_backends(stubs), **store)) as ing, _openai(ing.url) as oc:
-            async with (
-                httpx.AsyncClient(base_url=ing.url) as client,
-                client.stream(
-                    "POST",
-                    "/v1/chat/completions",
-                    json={"model": "m", "messages": MESSAGES, "temperature": 0, "stream": True},
-                    headers={"authorization": "Bearer sk-tenant-a"},
-                ) as r,
-            ):
+            async with _raw_stream(ing.url, headers={"authorization": "Bearer sk-tenant-a"}) as r:
                 assert r.headers["x-cache"] == "MISS"
                 async for line in r.aiter_lines():
                     if line == "data: [DONE]":
