@@ -220,6 +220,19 @@ async def test_a_stream_whose_client_left_after_the_terminal_event_is_stored_in_
     assert late("continuum_response_cache_late_commits_total", {"outcome": "stored"}) == 1 + MAX_LATE_COMMITS
 
 
+async def test_closing_the_cache_finishes_the_late_stores_first() -> None:
+    registry = CollectorRegistry()
+    cache = make(registry)
+    body = chat("closing", stream=True)
+    rec = cache.recorder(await cache.lookup(req(body)))
+    assert rec is not None
+    rec.feed(openai_stream(["a"]))
+    rec.abandon(200, list(SSE.items()))
+    await cache.aclose()  # no loop turn in between: aclose itself waits for the store
+    assert registry.get_sample_value("continuum_response_cache_late_commits_total", {"outcome": "stored"}) == 1
+    assert (await cache.lookup(req(body))).status is CacheStatus.HIT
+
+
 async def test_whole_bodies_can_be_recorded_chunk_by_chunk() -> None:
     cache = make(max_response_size=len(BODY))
     miss = await cache.lookup(req(chat()))

@@ -156,6 +156,10 @@ class ResponseCache:
             self.cache_store.start()
 
     async def aclose(self) -> None:
+        # Stores of streams whose client left are finished first (each is bounded by the
+        # store's timeouts), so closing the store does not fail them.
+        if self._late:
+            await asyncio.gather(*self._late, return_exceptions=True)
         if isinstance(self.cache_store, FallbackCacheStore):
             await self.cache_store.aclose()
         for resource in self._owned:
@@ -283,8 +287,12 @@ class ResponseCache:
 
     def _late_done(self, task: asyncio.Task[bool]) -> None:
         self._late.discard(task)
-        if not task.cancelled():  # commit never raises: store outages return False
-            self.metrics.count_late_commit("stored" if task.result() else "not_stored")
+        if task.cancelled():
+            return
+        error = task.exception()  # commit returns False on store outages; anything else is a bug
+        if error is not None:
+            log.warning("response cache: a late store failed unexpectedly (%s)", type(error).__name__)
+        self.metrics.count_late_commit("stored" if error is None and task.result() else "not_stored")
 
     def recorder(self, lookup: CacheLookup) -> ResponseRecording | None:
         """A recorder for the answer to a MISS (stream or whole body), or None when that
