@@ -22,7 +22,7 @@ from continuum_common.procs import free_port
 from continuum_common.salt import make_salt
 from continuum_listener.adapters.detokenize import DetokenizeClient
 from continuum_listener.adapters.zap import ZapHandler
-from continuum_listener.adapters.zmq_source import ZAP_DOMAIN_PREFIX, ZmqSource
+from continuum_listener.adapters.zmq_source import ZAP_DOMAIN_PREFIX, Readiness, ZmqSource
 from continuum_listener.attribution import Resolver
 from continuum_listener.metrics import ListenerMetrics
 from continuum_listener.pipeline import PipelineSettings, SourcePipeline
@@ -429,3 +429,47 @@ async def test_bind_mode_accepts_only_allowed_publishers() -> None:
         await r.send(batch([stored([1], None, [1] * 16, 16, salt=make_salt(SECRET, "b", KEY))]))
         await asyncio.sleep(0.2)
         assert r.chains() == {} and not r.pipeline.stats.connected
+
+
+async def test_readiness_wakes_for_queued_messages_and_times_out_without() -> None:
+    """The SUB socket's FD as the source awaits it: a message queued before the wait is seen at
+    once, one that arrives during the wait wakes it, and a quiet socket times out."""
+    ctx = zmq.asyncio.Context()
+    port = free_port()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    sub: zmq.Socket[bytes] = zmq.Socket(ctx, zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    ready = Readiness(sub)
+    try:
+        for _ in range(200):  # until the subscription has reached the publisher
+            await pub.send(b"hello")
+            if await ready.wait(0.02):
+                break
+        else:
+            pytest.fail("the subscription never connected")
+        while True:  # drain the probes
+            try:
+                sub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await ready.wait(0.2) is False  # nothing queued
+        assert loop.time() - started >= 0.15
+        await pub.send(b"queued-before")
+        await asyncio.sleep(0.05)  # its signal comes and goes while nobody waits
+        assert await ready.wait(1.0) is True
+        assert sub.recv(zmq.NOBLOCK) == b"queued-before"
+        waiter = asyncio.create_task(ready.wait(5.0))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        await pub.send(b"during")
+        assert await asyncio.wait_for(waiter, 2.0) is True
+        assert sub.recv(zmq.NOBLOCK) == b"during"
+    finally:
+        ready.close()
+        sub.close(linger=0)
+        pub.close(linger=0)
+        ctx.term()

@@ -23,8 +23,8 @@ source therefore checks the tail once its SUB queue has been empty for `quiet` s
 the same open-ended replay from the next expected seq (no answer proves no loss; a buffer that
 no longer starts there is an unrecoverable gap).
 
-Flow: queued messages are read without blocking for at most `budget` seconds (1 ms) at a time,
-then the loop yields, so the HTTP server and the publisher are served during a backlog. Before
+Flow: the SUB socket's FD stays registered with the event loop (`Readiness`); queued messages
+are read without blocking for at most `budget` seconds (1 ms) at a time, then the loop yields, so the HTTP server and the publisher are served during a backlog. Before
 reading, the source awaits the publisher's room (backpressure): while the publish queue is full
 it reads nothing, the SUB queue and then the engine's PUB fill up, and what the PUB drops comes
 back through the replay above. A replay pauses and yields the same way; its DEALER's receive
@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import cast
 
 import zmq
 import zmq.asyncio
@@ -56,6 +57,50 @@ ZAP_DOMAIN_PREFIX = "continuum-"
 # A peer counts once its handshake (including the ZAP check in bind mode) succeeded.
 _CONNECT_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED,)
 _DISCONNECT_EVENTS = (zmq.EVENT_DISCONNECTED,)
+
+
+class Readiness:
+    """Whether a plain ZMQ socket has a message queued, awaited on the event loop.
+
+    Why not pyzmq's asyncio sockets: each of their waits costs a Future, a timer, registering and
+    unregistering the socket's FD and several `zmq_poll` calls, about a dozen loop turns and
+    fifty system calls per engine batch, which made the listener's CPU per small batch several
+    times its decoding and publishing. Here the FD stays registered for the socket's life.
+
+    ZMQ's FD is edge-triggered: it signals that the socket's state may have changed, and only
+    reading `ZMQ_EVENTS` re-arms it. So the reader callback reads `EVENTS` itself (a socket
+    left unread during backpressure does not keep the loop spinning) and wakes the waiter only
+    when a message is queued; `wait` reads `EVENTS` before it sleeps, which also catches a
+    message whose signal came before the wait."""
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self._sock = sock
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
+        self._ready = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._fd, self._signal)
+
+    def _queued(self) -> bool:
+        return bool(cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+    def _signal(self) -> None:
+        if self._queued():
+            self._ready.set()
+
+    async def wait(self, seconds: float) -> bool:
+        """True once a message is queued; False after `seconds` without one."""
+        if self._queued():
+            return True
+        self._ready.clear()
+        try:
+            async with asyncio.timeout(seconds):
+                await self._ready.wait()
+        except TimeoutError:
+            return self._queued()
+        return True
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._fd)
 
 
 class ZmqSource:
@@ -84,13 +129,16 @@ class ZmqSource:
         self.seq = SeqTracker()
         self.suspect = False  # the engine's PUB may have dropped batches we have not seen a gap for
 
-    def _open(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
-        """The SUB socket and its monitor (attached before connecting, so no event is missed)."""
-        sub = self.ctx.socket(zmq.SUB)
+    def _open(self) -> tuple[zmq.Socket[bytes], zmq.asyncio.Socket]:
+        """The SUB socket (a plain one: it is awaited through `Readiness`, not pyzmq's asyncio
+        layer) and its monitor (attached before connecting, so no event is missed)."""
+        sub: zmq.Socket[bytes] = zmq.Socket(self.ctx, zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        # Made by the asyncio context, so the monitor socket is an asyncio one.
         monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        assert isinstance(monitor, zmq.asyncio.Socket)
         endpoint = self.source.zmq_endpoint
         assert endpoint is not None
         if self.source.zmq_mode == "bind":
@@ -104,12 +152,12 @@ class ZmqSource:
     async def run(self) -> None:
         sub, monitor = self._open()
         watcher = asyncio.create_task(self._watch(monitor))
-        # A synchronous view of the same socket: non-blocking reads without a Future each.
-        reader: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
+        ready = Readiness(sub)
         try:
             while True:
-                await self._read(sub, reader)
+                await self._read(sub, ready)
         finally:
+            ready.close()
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -119,7 +167,7 @@ class ZmqSource:
             sub.close(linger=0)
             self._set_connected(False)
 
-    async def _read(self, sub: zmq.asyncio.Socket, reader: zmq.Socket[bytes]) -> None:
+    async def _read(self, sub: zmq.Socket[bytes], ready: Readiness) -> None:
         """Apply queued messages for up to `budget` seconds; wait for one when none is queued."""
         pipeline = self.pipeline
         if self._blocked():
@@ -130,13 +178,13 @@ class ZmqSource:
         deadline = time.monotonic() + self.budget
         while True:
             try:
-                frames = reader.recv_multipart(zmq.NOBLOCK)
+                frames = sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 if not self.suspect:
-                    # POLLIN; wakes now and then for a resync
-                    if not await sub.poll(timeout=500) and self.seq.last is None and not self._quiet_replayed:
+                    # wakes now and then for a resync
+                    if not await ready.wait(0.5) and self.seq.last is None and not self._quiet_replayed:
                         await self._startup_replay()
-                elif not await sub.poll(timeout=int(self.quiet * 1000)):
+                elif not await ready.wait(self.quiet):
                     await self._check_tail()
                 return
             await self.handle(frames)
