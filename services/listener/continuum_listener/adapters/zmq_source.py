@@ -141,12 +141,21 @@ class ZmqSource:
         assert isinstance(monitor, zmq.asyncio.Socket)
         endpoint = self.source.zmq_endpoint
         assert endpoint is not None
-        if self.source.zmq_mode == "bind":
-            # The ZAP handler (adapters.zap) checks the peer address against allowed_publishers.
-            sub.setsockopt(zmq.ZAP_DOMAIN, (ZAP_DOMAIN_PREFIX + self.backend).encode())
-            sub.bind(endpoint)
-        else:
-            sub.connect(endpoint)
+        try:
+            if self.source.zmq_mode == "bind":
+                # The ZAP handler (adapters.zap) checks the peer address against allowed_publishers.
+                sub.setsockopt(zmq.ZAP_DOMAIN, (ZAP_DOMAIN_PREFIX + self.backend).encode())
+                sub.bind(endpoint)
+            else:
+                sub.connect(endpoint)
+        except zmq.ZMQError:
+            # An open socket would keep the context from terminating: the process would hang
+            # instead of reporting the taken endpoint.
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+            raise
         return sub, monitor
 
     async def run(self) -> None:
