@@ -33,6 +33,13 @@ and register it under a name:
             yield f"http://127.0.0.1:{port}"
 
 Put it in a module and pass `--plugin your.module` (repeatable), then name it in `--routers`.
+
+`--restart-router-at SECONDS` restarts each router's front process once during every run, as
+an operator restarting its container would: new requests wait, the ones in flight finish, the
+process gets SIGTERM and is started again (its engines, bus and KV listener keep running), and
+the run goes on. The report then compares hits before and after the restart ("Router restarted
+mid-run"). A factory takes part by starting its front process with `front(ctx, start)`; the
+built-in routers and the peers do. Restarts happen one replica after another.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +64,9 @@ from continuum_bench.fleet.harness import (
     FleetContext,
     RouterFactory,
     console,
+    front,
     process,
+    restart_fronts,
     router,
     router_urls,
     wait_until,
@@ -69,7 +79,8 @@ from continuum_bench.fleet.tokens import TOKENIZER_CHOICES, train_hf_tokenizer
 from continuum_sim import SimFleet
 
 __all__ = [
-    "ROUTERS", "FleetContext", "RouterFactory", "compare", "console", "main", "process", "router", "table", "wait_until",
+    "ROUTERS", "FleetContext", "RouterFactory", "compare", "console", "front", "main", "process", "router", "table",
+    "wait_until",
 ]  # fmt: skip
 
 DEFAULT_ROUTERS = ("continuum-round-robin", "continuum-prefix-hash", "continuum-prefix-hash-kv")
@@ -133,7 +144,9 @@ async def _one_run(ctx: FleetContext, name: str, workload: str, info: Path, tap:
             name=f"compare-{workload}-{name}", command=f"{base.command} (workload {workload}, router {name})",
         )  # fmt: skip
         # What the router did while starting (and the readiness probe) is not per request.
-        report, results = await run_fleet_bench(opts, before_run=tap.reset if tap else None)
+        report, results = await run_fleet_bench(
+            opts, before_run=tap.reset if tap else None, on_interrupt=partial(restart_fronts, ctx)
+        )
         if tap is not None:
             report["engine_calls"] = {
                 "routed_requests": len(results), "by_route": tap.totals(), "by_engine": tap.counts(),
@@ -205,6 +218,27 @@ def calls_table(reports: Sequence[dict[str, Any]], *, columns: int = 6) -> str:
     return head + "\n".join(rows) + "\n"
 
 
+def restart_table(reports: Sequence[dict[str, Any]]) -> str:
+    rows = [r for r in reports if "restart" in r]
+    if not rows:
+        return ""
+    head = (
+        "| workload | router | restart at (s) | paused (s) | hit/ideal before | hit/ideal after | first 30 s after "
+        "| errors after | TTFT p90 after |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    out = []
+    for r in rows:
+        x = r["restart"]
+        p90 = x["after"]["ttft_p90_s"]
+        out.append(
+            f"| {r['workload']['workload']} | {r['router']} | {x['at_s']:.1f} | {x['downtime_s']:.2f} "
+            f"| {x['before']['hit_rate_vs_ideal']:.4f} | {x['after']['hit_rate_vs_ideal']:.4f} "
+            f"| {x['first_30s_after']['hit_rate_vs_ideal']:.4f} | {x['after']['errors']} "
+            f"| {'-' if p90 is None else f'{p90:.3f}'} |"
+        )
+    return head + "\n".join(out) + "\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = FleetBenchOptions()
     p = argparse.ArgumentParser(
@@ -219,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out-dir", default="bench/results")
     p.add_argument("--name", help="file stem of the summary (default compare-<workloads>)")
+    p.add_argument(
+        "--restart-router-at", type=float, metavar="SECONDS",
+        help="restart the router's front process this many seconds into every run (hits before and after)",
+    )  # fmt: skip
     p.add_argument(
         "--count-engine-calls", action="store_true",
         help="count every HTTP call the router makes to the engines (a loopback tap in front of each engine)",
@@ -265,7 +303,7 @@ def options(args: argparse.Namespace, argv: Sequence[str]) -> FleetBenchOptions:
         output_tokens=args.output_tokens, conversations=args.conversations, system_prompts=args.system_prompts,
         duration=args.duration, trace=args.trace, trace_duration=args.trace_duration, trace_limit=args.trace_limit,
         out_dir=args.out_dir, in_process=args.in_process, plot=False, progress=sys.stderr.isatty(),
-        api_form=args.api_form,
+        api_form=args.api_form, restart_router_at=args.restart_router_at,
         command="continuum-router bench compare " + shlex.join(argv),
     )  # fmt: skip
 
@@ -279,6 +317,8 @@ def _check(args: argparse.Namespace, routers: Sequence[str], workloads: Sequence
         return f"unknown workload(s) {', '.join(bad)}; known: {', '.join(WORKLOADS)}"
     if args.engines < 1 or args.time_scale <= 0:
         return "--engines must be >= 1 and --time-scale > 0"
+    if args.restart_router_at is not None and args.restart_router_at <= 0:
+        return "--restart-router-at must be > 0"
     if args.trace and not Path(args.trace).is_file():
         return f"--trace {args.trace}: no such file"
     return None
@@ -326,6 +366,9 @@ def write_summary(
             "\nTime to first token, mean, as the engines timed it (from their arrival) and as the client did:\n\n"
             + added
         )
+    restarts = restart_table(reports)
+    if restarts:
+        text += "\nRouter restarted mid-run (client-side hits, each phase against the pooled ideal):\n\n" + restarts
     calls = calls_table(reports)
     if calls:
         text += "\nEngine calls per routed request (counted by the tap in front of the engines):\n\n" + calls

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import secrets
 import sys
 from collections.abc import AsyncIterator
@@ -26,7 +27,7 @@ from typing import Any, Literal
 
 import httpx
 
-from continuum_bench.fleet.harness import FleetContext, console, process, router, wait_until
+from continuum_bench.fleet.harness import FleetContext, console, front, process, router, wait_until
 from continuum_common.procs import NatsServer, RedisServer
 from continuum_sim import listener_sources, router_backends
 
@@ -48,7 +49,20 @@ def continuum_config(ctx: FleetContext, strategy: str, *, prefix_routing: bool) 
 
 @contextlib.asynccontextmanager
 async def continuum_ingress(ctx: FleetContext, name: str, config: dict[str, Any]) -> AsyncIterator[str]:
+    """One `continuum-router serve` process, restartable on its own (`front`)."""
     path = ctx.write_yaml(f"{name}.yaml", config)
+    starts = itertools.count()
+
+    def start() -> contextlib.AbstractAsyncContextManager[str]:
+        n = next(starts)
+        return _ingress_process(ctx, name if n == 0 else f"{name}.restart{n}", path)
+
+    async with front(ctx, start) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def _ingress_process(ctx: FleetContext, name: str, path: Path) -> AsyncIterator[str]:
     # `python -m continuum_router` is `continuum-router` of the code being measured, whichever
     # console scripts are installed.
     argv = [sys.executable, "-m", "continuum_router", "serve", "--config", str(path), "--port", "0"]

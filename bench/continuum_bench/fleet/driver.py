@@ -10,6 +10,13 @@ replicas of one router), taken in turn per request as a round-robin load balance
 `api_form="responses"` chat requests go to `/v1/responses` instead, and with
 `api_form="responses-stored"` a conversation's later turns continue the previous response by its
 id (fleet/responses_form.py).
+
+An interruption (`interrupt_at`, `on_interrupt`) stops the run for a moment at a given time, as a
+rolling restart of the router does: new requests wait, the requests in flight finish, then
+`on_interrupt` gets the targets and returns the ones to use from then on (a restarted router
+may listen elsewhere), and the waiting requests go out. Their time to first token counts from
+when they are sent, so the pause itself is not in it; `interruption` records when it began and
+how long it lasted.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +103,8 @@ class Driver:
         request_timeout: float = 600.0,
         progress: Progress | None = None,
         api_form: str = "native",
+        interrupt_at: float | None = None,
+        on_interrupt: Callable[[list[str]], Awaitable[list[str]]] | None = None,
     ) -> None:
         self.targets = targets
         self.mode = mode
@@ -106,6 +116,13 @@ class Driver:
         self.api_form = api_form
         self.progress = progress or Progress(0, enabled=False)
         self.results: list[RequestResult] = []
+        self.interrupt_at = interrupt_at
+        self.on_interrupt = on_interrupt
+        self.interruption: tuple[float, float] | None = None  # (began, seconds), since the run's start
+        self._open = asyncio.Event()  # clear while an interruption holds new requests back
+        self._open.set()
+        self._active = 0  # requests sent and not finished
+        self._drained = asyncio.Event()
         self._counter = 0
         self._t0 = 0.0
 
@@ -115,6 +132,8 @@ class Driver:
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             self._t0 = time.monotonic()
             async with asyncio.TaskGroup() as group:
+                if self.interrupt_at is not None and self.on_interrupt is not None:
+                    group.create_task(self._interrupt(self.interrupt_at, self.on_interrupt))
                 for session in workload.sessions():
                     delay = self._t0 + session.start * self.time_scale - time.monotonic()
                     if delay > 0:
@@ -122,6 +141,19 @@ class Driver:
                     group.create_task(self._run_session(client, session))
         self.progress.finish()
         return self.results
+
+    async def _interrupt(self, at: float, action: Callable[[list[str]], Awaitable[list[str]]]) -> None:
+        await asyncio.sleep(max(0.0, self._t0 + at - time.monotonic()))
+        began = time.monotonic()
+        self._open.clear()
+        self._drained.clear()
+        if self._active:
+            await self._drained.wait()
+        try:
+            self.targets = await action(list(self.targets))
+        finally:
+            self.interruption = (began - self._t0, time.monotonic() - began)
+            self._open.set()
 
     async def _run_session(self, client: httpx.AsyncClient, session: Session) -> None:
         previous: str | None = None
@@ -153,6 +185,19 @@ class Driver:
 
     async def _send(
         self, client: httpx.AsyncClient, request: BenchRequest, stored: StoredTurn | None = None
+    ) -> tuple[RequestResult, str]:
+        if not self._open.is_set():
+            await self._open.wait()
+        self._active += 1  # no await between the gate and here: an interruption sees it
+        try:
+            return await self._send_now(client, request, stored)
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._drained.set()
+
+    async def _send_now(
+        self, client: httpx.AsyncClient, request: BenchRequest, stored: StoredTurn | None
     ) -> tuple[RequestResult, str]:
         base, engine, replica = self._target(request)
         form: str = request.api

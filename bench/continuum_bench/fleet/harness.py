@@ -6,6 +6,11 @@ by a `FleetContext` and yields its base URL (`http://host:port`; the benchmark a
 or a list of base URLs when it runs several ingress replicas (the driver then spreads the
 requests over them round-robin, as a load balancer would). `continuum_bench.compare` re-exports these
 names, so plugins keep importing them from there.
+
+A factory whose front process (the one clients talk to) can be restarted on its own wraps it in
+`front(ctx, start)`: `--restart-router-at` then stops that process and starts it again mid-run,
+as an operator restarting the router's container would, while everything behind it (engines,
+the bus, the KV listener) keeps running.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ class FleetContext:
     # The workload being run (set by `bench compare` before each run): names the files a router
     # leaves per run, such as its saved /metrics.
     run: str = ""
+    # The restartable front processes running now, by their current base URL (`front`).
+    fronts: dict[str, Front] = field(default_factory=dict)
     _logs: list[Path] = field(default_factory=list)
 
     @property
@@ -102,6 +109,65 @@ class FleetContext:
         path = self.work_dir / name
         path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         return path
+
+
+class Front:
+    """A router's front process, restartable in place: `start()` runs it and yields its base
+    URL (a new one after a restart when the process binds a free port)."""
+
+    def __init__(self, start: Callable[[], AbstractAsyncContextManager[str]]) -> None:
+        self._start = start
+        self._running: AbstractAsyncContextManager[str] | None = None
+        self.url = ""
+        self.restarts = 0
+
+    async def open(self) -> str:
+        running = self._start()
+        self.url = await running.__aenter__()
+        self._running = running
+        return self.url
+
+    async def close(self) -> None:
+        running, self._running = self._running, None
+        if running is not None:
+            await running.__aexit__(None, None, None)
+
+    async def restart(self) -> str:
+        """Stop the process (SIGTERM, as a container stop sends) and start it again."""
+        await self.close()
+        self.restarts += 1
+        return await self.open()
+
+
+@contextlib.asynccontextmanager
+async def front(ctx: FleetContext, start: Callable[[], AbstractAsyncContextManager[str]]) -> AsyncIterator[str]:
+    """Run a restartable front process (see the module docstring); yields its first URL."""
+    proc = Front(start)
+    try:
+        url = await proc.open()
+        ctx.fronts[url] = proc
+        yield url
+    finally:
+        ctx.fronts = {u: f for u, f in ctx.fronts.items() if f is not proc}
+        await proc.close()
+
+
+async def restart_fronts(ctx: FleetContext, urls: Sequence[str]) -> list[str]:
+    """Restart the front processes serving `urls`, one after the other; returns the URLs the
+    clients should use now. A router none of whose URLs has a restartable front cannot be
+    restarted: RuntimeError (a run that claims a restart has one)."""
+    if not any(url in ctx.fronts for url in urls):
+        raise RuntimeError(f"no restartable front process serves {', '.join(urls)} (see harness.front)")
+    out = []
+    for url in urls:
+        proc = ctx.fronts.pop(url, None)
+        if proc is None:
+            out.append(url)
+            continue
+        new = await proc.restart()
+        ctx.fronts[new] = proc
+        out.append(new)
+    return out
 
 
 @contextlib.asynccontextmanager

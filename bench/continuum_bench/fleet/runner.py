@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,9 @@ class FleetBenchOptions:
     # "responses": chat requests go to /v1/responses; "responses-stored": later turns by
     # previous_response_id (fleet/responses_form.py)
     api_form: str = "native"
+    # seconds after the first request at which the router's front process is restarted
+    # (`bench compare --restart-router-at`; fleet/driver.py "interruption")
+    restart_router_at: float | None = None
     command: str = ""
 
     @property
@@ -237,10 +240,15 @@ def router_base(router: str) -> str:
 
 
 async def run_fleet_bench(
-    opts: FleetBenchOptions, *, before_run: Callable[[], None] | None = None
+    opts: FleetBenchOptions,
+    *,
+    before_run: Callable[[], None] | None = None,
+    on_interrupt: Callable[[list[str]], Awaitable[list[str]]] | None = None,
 ) -> tuple[dict[str, Any], list[RequestResult]]:
     """One run; `before_run` is called right before the first request is sent (after the
-    router answered its readiness probe and the engines' caches were reset)."""
+    router answered its readiness probe and the engines' caches were reset). With
+    `opts.restart_router_at`, `on_interrupt` is called then with the router's URLs and returns
+    the ones to use afterwards (the report gets a `restart` section)."""
     codec = codec_for(opts)
     workload = build_workload(opts, Texts(codec))
     async with open_fleet(opts) as (endpoints, pid):
@@ -262,6 +270,8 @@ async def run_fleet_bench(
             targets, mode=mode, model=endpoints[0].model, time_scale=opts.time_scale,
             ideals=[ideal, unbounded], codec=codec, request_timeout=opts.request_timeout,
             progress=Progress(workload.total_requests, enabled=opts.progress), api_form=opts.api_form,
+            interrupt_at=opts.restart_router_at if on_interrupt is not None and not direct else None,
+            on_interrupt=None if on_interrupt is None else _restarter(opts, on_interrupt),
         )  # fmt: skip
         sampler = RssSampler(pid)
         async with httpx.AsyncClient() as http:
@@ -304,7 +314,58 @@ async def run_fleet_bench(
         "results": summary,
         "rss_mb": sampler.summary(),
     }
+    if driver.interruption is not None:
+        report["restart"] = restart_summary(results, *driver.interruption)
     return report, results
+
+
+def _restarter(
+    opts: FleetBenchOptions, restart: Callable[[list[str]], Awaitable[list[str]]]
+) -> Callable[[list[str]], Awaitable[list[str]]]:
+    """The driver's interruption: restart the router (its base URLs, as its factory gave them)
+    and return the targets to use once the restarted router answers its readiness probe."""
+    current = router_list(opts.router)
+
+    async def interrupt(_targets: list[str]) -> list[str]:
+        nonlocal current
+        current = await restart(current)
+        fresh = [router_base(u) for u in current]
+        await asyncio.gather(*(wait_for_router(t, opts.wait_for_router) for t in fresh))
+        return fresh
+
+    return interrupt
+
+
+def _phase(results: list[RequestResult]) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    prompt = sum(r.prompt_tokens for r in ok)
+    hits = sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0
+    ideal = sum(r.ideal_hit_tokens for r in ok) / prompt if prompt else 0.0
+    ttfts = sorted(r.ttft for r in ok if r.ttft is not None)
+    return {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "hit_rate": hits,
+        "ideal_hit_rate": ideal,
+        "hit_rate_vs_ideal": hits / ideal if ideal else 0.0,
+        "ttft_p90_s": ttfts[min(len(ttfts) - 1, round(0.9 * (len(ttfts) - 1)))] if ttfts else None,
+    }
+
+
+def restart_summary(results: list[RequestResult], began: float, seconds: float) -> dict[str, Any]:
+    """The run before and after the router's restart: client-side hits (the engines' cached
+    tokens as each response reported them) against the pooled ideal, per phase, and the first
+    30 seconds after it on their own."""
+    before = [r for r in results if r.sent_at < began]
+    after = [r for r in results if r.sent_at >= began]
+    soon = [r for r in after if r.sent_at < began + seconds + 30.0]
+    return {
+        "at_s": round(began, 3),
+        "downtime_s": round(seconds, 3),
+        "before": _phase(before),
+        "after": _phase(after),
+        "first_30s_after": _phase(soon),
+    }
 
 
 def report_and_print(report: dict[str, Any], results: list[RequestResult], opts: FleetBenchOptions) -> list[Path]:
