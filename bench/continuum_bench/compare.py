@@ -139,6 +139,8 @@ async def _one_run(ctx: FleetContext, name: str, workload: str, info: Path, tap:
     print(f"== {workload} via {name}", file=sys.stderr, flush=True)
     ctx.run = workload
     async with ROUTERS[name](ctx) as yielded:
+        if base.restart_router_at is not None and not any(u in ctx.fronts for u in router_urls(yielded)):
+            raise RuntimeError(f"{name} cannot be restarted mid-run: its factory does not start it with front()")
         opts = replace(
             base, workload=workload, router=",".join(router_urls(yielded)), router_label=name, fleet_file=str(info),
             name=f"compare-{workload}-{name}", command=f"{base.command} (workload {workload}, router {name})",

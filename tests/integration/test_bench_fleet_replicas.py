@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from continuum_bench.compare import ROUTERS, compare, router, write_summary
+from continuum_bench.compare import ROUTERS, compare, front, router, write_summary
 from continuum_bench.fleet.harness import FleetContext
 from continuum_bench.fleet.runner import FleetBenchOptions, run_fleet_bench
 from continuum_bench.fleet.tap import EngineTap
@@ -138,3 +138,59 @@ async def test_compare_spreads_over_replicas_and_counts_engine_calls(tmp_path: P
     engine, added = report["results"]["engine_ttft_s"]["mean"], report["results"]["engine_ttft_s"]["router_added_mean"]
     row = f"| shared-prompt | test-two-replicas | {engine * 1000:.2f} | "
     assert row in text and f"| {added * 1000:.2f} |" in text, "the summary shows what the router added"
+
+
+async def test_restart_router_at_restarts_the_front_and_splits_the_report(tmp_path: Path) -> None:
+    """`--restart-router-at`: a factory whose front is restartable (`front`) is stopped and
+    started again mid-run; here each start is an engine (a stand-in router), so what each
+    start served shows on the engines. The report splits the run at the restart."""
+    starts: list[int] = []
+    stopped: list[int] = []
+
+    @contextlib.asynccontextmanager
+    async def one_start(ctx: FleetContext) -> AsyncIterator[str]:
+        n = len(starts)
+        starts.append(n)
+        try:
+            yield ctx.endpoints[n % 2].url
+        finally:
+            stopped.append(n)
+
+    @contextlib.asynccontextmanager
+    async def restartable(ctx: FleetContext) -> AsyncIterator[str]:
+        async with front(ctx, lambda: one_start(ctx)) as url:
+            yield url
+
+    @contextlib.asynccontextmanager
+    async def fixed(ctx: FleetContext) -> AsyncIterator[str]:
+        yield ctx.endpoints[0].url
+
+    router("test-restartable")(restartable)
+    router("test-fixed")(fixed)
+    failures: list[dict[str, str]] = []
+    try:
+        base = FleetBenchOptions(
+            engines=2, requests=40, rate=20.0, docs=2, doc_tokens=200, output_tokens=4, time_scale=1.0,
+            in_process=True, plot=False, progress=False, out_dir=str(tmp_path / "results"), command="test",
+            restart_router_at=1.0,
+        )  # fmt: skip
+        reports = await compare(
+            ["test-restartable", "test-fixed"], ["shared-prompt"], base, tmp_path / "work", failures=failures
+        )
+    finally:
+        del ROUTERS["test-restartable"], ROUTERS["test-fixed"]
+    assert starts == [0, 1] and stopped == [0, 1], "started twice, each start stopped once"
+    (report,) = reports
+    restart = report["restart"]
+    assert restart["at_s"] >= 1.0 and restart["downtime_s"] >= 0
+    before, after = restart["before"]["requests"], restart["after"]["requests"]
+    assert before + after == 40 and before >= 10 and after >= 10
+    served = [e["requests"] for e in report["results"]["per_engine"]]
+    assert served == [before, after], "the first start served everything before the restart, the second after"
+    assert restart["before"]["errors"] == restart["after"]["errors"] == 0
+    # A router without a restartable front cannot claim a restart: its run fails and is reported.
+    assert [f["router"] for f in failures] == ["test-fixed"]
+    assert "cannot be restarted mid-run" in failures[0]["error"]
+    write_summary(reports, failures, base, tmp_path / "results", "summary")
+    text = (tmp_path / "results" / "summary.md").read_text()
+    assert "Router restarted mid-run" in text and "| shared-prompt | test-restartable |" in text
