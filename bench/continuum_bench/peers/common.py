@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from continuum_bench.compare import FleetContext, front, process
+from continuum_bench.compare import FleetContext, process
 
 INSTALL_HINT = "pip install 'continuum-router[peers]'"
 
@@ -91,31 +91,8 @@ async def running_peer(
 ) -> AsyncIterator[str]:
     """Start a peer router, wait until `GET <workers_path>` shows it has admitted exactly the
     fleet's engines (listening is not enough: both peers register workers in the background),
-    yield its base URL, and keep its Prometheus page of the run when it is stopped. The process
-    is restartable on its own (`front`), on the same ports."""
-
-    def start() -> contextlib.AbstractAsyncContextManager[str]:
-        return _peer_process(
-            ctx, name, argv, port=port, metrics_port=metrics_port,
-            workers_path=workers_path, workers_ready=workers_ready, what=what,
-        )  # fmt: skip
-
-    async with front(ctx, start) as base:
-        yield base
-
-
-@contextlib.asynccontextmanager
-async def _peer_process(
-    ctx: FleetContext,
-    name: str,
-    argv: Sequence[str],
-    *,
-    port: int,
-    metrics_port: int,
-    workers_path: str,
-    workers_ready: Callable[[Any, Sequence[str]], bool],
-    what: str,
-) -> AsyncIterator[str]:
+    yield its base URL, and keep its Prometheus page of the run when it is stopped. Factories
+    run it through `front(ctx, start)`, so `--restart-router-at` can restart it on the same ports."""
     base = f"http://127.0.0.1:{port}"
     expected = [e.url for e in ctx.endpoints]
     async with process(list(argv), ctx.log(name)) as (proc, _):

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any
 
-from continuum_bench.compare import FleetContext, router
+from continuum_bench.compare import FleetContext, front, router
 from continuum_bench.fleet.continuum import KvStack, kv_stack
 from continuum_bench.peers.common import peer_binary, running_peer, same_urls
 from continuum_sim import EngineEndpoints
@@ -60,10 +61,13 @@ def workers_ready(listing: Any, expected: Sequence[str]) -> bool:
 async def smg(ctx: FleetContext, name: str, policy: str) -> AsyncIterator[str]:
     port, metrics_port = ctx.free_port(), ctx.free_port()
     argv = smg_argv(peer_binary("smg"), ctx.endpoints, policy=policy, port=port, prometheus_port=metrics_port)
-    async with running_peer(
+    # A restartable front (`--restart-router-at`): the same ports after a restart.
+    start = partial(
+        running_peer,
         ctx, name, argv, port=port, metrics_port=metrics_port,
         workers_path="/workers", workers_ready=workers_ready, what=f"smg ({policy})",
-    ) as base:  # fmt: skip
+    )  # fmt: skip
+    async with front(ctx, start) as base:
         yield base
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any, Literal
 
-from continuum_bench.compare import FleetContext, router
+from continuum_bench.compare import FleetContext, front, router
 from continuum_bench.peers.common import peer_binary, running_peer, same_urls
 from continuum_sim import EngineEndpoints
 
@@ -90,10 +91,13 @@ async def vllm_router(ctx: FleetContext, name: str, policy: Policy) -> AsyncIter
     argv = vllm_router_argv(
         peer_binary("vllm-router"), ctx.endpoints, policy=policy, port=port, prometheus_port=metrics_port
     )
-    async with running_peer(
+    # A restartable front (`--restart-router-at`): the same ports after a restart.
+    start = partial(
+        running_peer,
         ctx, name, argv, port=port, metrics_port=metrics_port,
         workers_path="/list_workers", workers_ready=workers_ready, what=f"vllm-router ({policy})",
-    ) as base:  # fmt: skip
+    )  # fmt: skip
+    async with front(ctx, start) as base:
         yield base
 
 
