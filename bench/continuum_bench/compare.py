@@ -228,15 +228,18 @@ def restart_table(reports: Sequence[dict[str, Any]]) -> str:
         "| workload | router | restart at (s) | paused (s) | hit/ideal before | hit/ideal after | first 30 s after "
         "| errors after | TTFT p90 after |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
     )
+
+    def num(value: float | None, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
     out = []
     for r in rows:
         x = r["restart"]
-        p90 = x["after"]["ttft_p90_s"]
         out.append(
             f"| {r['workload']['workload']} | {r['router']} | {x['at_s']:.1f} | {x['downtime_s']:.2f} "
-            f"| {x['before']['hit_rate_vs_ideal']:.4f} | {x['after']['hit_rate_vs_ideal']:.4f} "
-            f"| {x['first_30s_after']['hit_rate_vs_ideal']:.4f} | {x['after']['errors']} "
-            f"| {'-' if p90 is None else f'{p90:.3f}'} |"
+            f"| {num(x['before']['hit_rate_vs_ideal'], 4)} | {num(x['after']['hit_rate_vs_ideal'], 4)} "
+            f"| {num(x['first_30s_after']['hit_rate_vs_ideal'], 4)} | {x['after']['errors']} "
+            f"| {num(x['after']['ttft_p90_s'], 3)} |"
         )
     return head + "\n".join(out) + "\n"
 

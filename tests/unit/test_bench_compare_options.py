@@ -13,8 +13,9 @@ from tokenizers import Tokenizer as HfTokenizer
 from continuum_bench import compare
 from continuum_bench.fleet import cli as fleet_cli
 from continuum_bench.fleet.continuum import STACKS, KvStack, kv_index_config, listener_config
+from continuum_bench.fleet.driver import RequestResult
 from continuum_bench.fleet.harness import ROUTERS, FleetContext, router_urls
-from continuum_bench.fleet.runner import FleetBenchOptions, build_workload, engine_configs, router_list
+from continuum_bench.fleet.runner import FleetBenchOptions, build_workload, engine_configs, restart_summary, router_list
 from continuum_bench.fleet.tokens import HfTokenizerFiles, Texts, make_codec, train_hf_tokenizer
 from continuum_bench.fleet.trace import TRACE_BLOCK, BlockTexts
 from continuum_common.config.listener import ListenerConfig
@@ -219,3 +220,32 @@ def test_make_codec_needs_files_for_hf() -> None:
         make_codec("hf")
     with pytest.raises(ValueError, match="unknown tokenizer"):
         make_codec("sentencepiece")
+
+
+def _result(sent_at: float, prompt: int, cached: int, ideal: int, *, ok: bool = True) -> RequestResult:
+    return RequestResult(
+        ok=ok, error=None if ok else "HTTP 502", engine=None, sent_at=sent_at, ttft=0.02 if ok else None,
+        e2e=0.5 if ok else None, prompt_tokens=prompt, cached_tokens=cached, completion_tokens=4, ideal_hit_tokens=ideal,
+    )  # fmt: skip
+
+
+def test_restart_summary_splits_the_run_at_the_restart() -> None:
+    results = [
+        _result(1.0, 100, 90, 90),
+        _result(9.0, 100, 80, 90),
+        _result(10.5, 100, 40, 80),  # after the restart at 10 s, paused 0.5 s
+        _result(45.0, 100, 80, 80),  # after, but beyond the first 30 s
+        _result(12.0, 100, 0, 0, ok=False),
+    ]
+    summary = restart_summary(results, 10.0, 0.5)
+    assert (summary["at_s"], summary["downtime_s"]) == (10.0, 0.5)
+    assert summary["before"]["requests"] == 2 and summary["before"]["hit_rate_vs_ideal"] == pytest.approx(170 / 180)
+    after = summary["after"]
+    assert (after["requests"], after["errors"]) == (3, 1)
+    assert after["hit_rate_vs_ideal"] == pytest.approx(120 / 160)
+    assert summary["first_30s_after"]["hit_rate_vs_ideal"] == pytest.approx(40 / 80)
+    # A restart after the last request: the empty phase says so instead of a zero.
+    late = restart_summary(results[:2], 20.0, 1.0)
+    assert late["after"]["requests"] == 0 and late["after"]["hit_rate_vs_ideal"] is None
+    row = compare.restart_table([{"workload": {"workload": "w"}, "router": "r", "restart": late}])
+    assert "| w | r | 20.0 | 1.00 | 0.9444 | - | - | 0 | - |" in row

@@ -339,15 +339,16 @@ def _restarter(
 def _phase(results: list[RequestResult]) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     prompt = sum(r.prompt_tokens for r in ok)
-    hits = sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0
-    ideal = sum(r.ideal_hit_tokens for r in ok) / prompt if prompt else 0.0
+    # None where the phase has nothing to divide (no request answered, or no hit possible)
+    hits = sum(r.cached_tokens for r in ok) / prompt if prompt else None
+    ideal = sum(r.ideal_hit_tokens for r in ok) / prompt if prompt else None
     ttfts = sorted(r.ttft for r in ok if r.ttft is not None)
     return {
         "requests": len(results),
         "errors": len(results) - len(ok),
         "hit_rate": hits,
         "ideal_hit_rate": ideal,
-        "hit_rate_vs_ideal": hits / ideal if ideal else 0.0,
+        "hit_rate_vs_ideal": hits / ideal if hits is not None and ideal else None,
         "ttft_p90_s": ttfts[min(len(ttfts) - 1, round(0.9 * (len(ttfts) - 1)))] if ttfts else None,
     }
 
