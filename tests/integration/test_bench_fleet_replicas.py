@@ -194,3 +194,36 @@ async def test_restart_router_at_restarts_the_front_and_splits_the_report(tmp_pa
     write_summary(reports, failures, base, tmp_path / "results", "summary")
     text = (tmp_path / "results" / "summary.md").read_text()
     assert "Router restarted mid-run" in text and "| shared-prompt | test-restartable |" in text
+
+
+async def test_a_router_that_does_not_come_back_fails_its_run_and_the_comparison_goes_on(tmp_path: Path) -> None:
+    starts: list[int] = []
+
+    @contextlib.asynccontextmanager
+    async def first_only(ctx: FleetContext) -> AsyncIterator[str]:
+        starts.append(len(starts))
+        if len(starts) > 1:
+            raise RuntimeError("the new process exited at once")
+        yield ctx.endpoints[0].url
+
+    @contextlib.asynccontextmanager
+    async def fragile(ctx: FleetContext) -> AsyncIterator[str]:
+        async with front(ctx, lambda: first_only(ctx)) as url:
+            yield url
+
+    router("test-fragile")(fragile)
+    failures: list[dict[str, str]] = []
+    try:
+        base = FleetBenchOptions(
+            engines=1, requests=20, rate=20.0, docs=1, doc_tokens=100, output_tokens=2, time_scale=1.0,
+            in_process=True, plot=False, progress=False, out_dir=str(tmp_path / "results"), command="test",
+            restart_router_at=0.5,
+        )  # fmt: skip
+        reports = await asyncio.wait_for(
+            compare(["test-fragile"], ["shared-prompt"], base, tmp_path / "work", failures=failures), 60
+        )
+    finally:
+        del ROUTERS["test-fragile"]
+    assert reports == [] and starts == [0, 1]
+    assert [f["router"] for f in failures] == ["test-fragile"]
+    assert "the interruption at 0.5 s failed: the new process exited at once" in failures[0]["error"]

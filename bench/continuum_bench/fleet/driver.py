@@ -44,6 +44,10 @@ from continuum_bench.fleet.workloads import BenchRequest, Session, Workload
 from continuum_common.hashing import request_prefix_key
 
 
+class InterruptFailed(RuntimeError):
+    """The interruption's action failed (a restarted router did not come back): the run stops."""
+
+
 @dataclass
 class RequestResult:
     ok: bool
@@ -131,14 +135,18 @@ class Driver:
         timeout = httpx.Timeout(self.request_timeout, connect=10.0)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             self._t0 = time.monotonic()
-            async with asyncio.TaskGroup() as group:
-                if self.interrupt_at is not None and self.on_interrupt is not None:
-                    group.create_task(self._interrupt(self.interrupt_at, self.on_interrupt))
-                for session in workload.sessions():
-                    delay = self._t0 + session.start * self.time_scale - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    group.create_task(self._run_session(client, session))
+            try:
+                async with asyncio.TaskGroup() as group:
+                    if self.interrupt_at is not None and self.on_interrupt is not None:
+                        group.create_task(self._interrupt(self.interrupt_at, self.on_interrupt))
+                    for session in workload.sessions():
+                        delay = self._t0 + session.start * self.time_scale - time.monotonic()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                        group.create_task(self._run_session(client, session))
+            except* InterruptFailed as failed:
+                error = failed.exceptions[0]
+                raise error from error.__cause__
         self.progress.finish()
         return self.results
 
@@ -151,6 +159,8 @@ class Driver:
             await self._drained.wait()
         try:
             self.targets = await action(list(self.targets))
+        except Exception as exc:
+            raise InterruptFailed(f"the interruption at {at:g} s failed: {exc}") from exc
         finally:
             self.interruption = (began - self._t0, time.monotonic() - began)
             self._open.set()
