@@ -24,7 +24,8 @@ the same open-ended replay from the next expected seq (no answer proves no loss;
 no longer starts there is an unrecoverable gap).
 
 Flow: the SUB socket's FD stays registered with the event loop (`Readiness`); queued messages
-are read without blocking for at most `budget` seconds (1 ms) at a time, then the loop yields, so the HTTP server and the publisher are served during a backlog. Before
+are read without blocking for at most `budget` seconds (1 ms) at a time, then the loop yields,
+so the HTTP server and the publisher are served during a backlog. Before
 reading, the source awaits the publisher's room (backpressure): while the publish queue is full
 it reads nothing, the SUB queue and then the engine's PUB fill up, and what the PUB drops comes
 back through the replay above. A replay pauses and yields the same way; its DEALER's receive
@@ -63,9 +64,9 @@ class Readiness:
     """Whether a plain ZMQ socket has a message queued, awaited on the event loop.
 
     Why not pyzmq's asyncio sockets: each of their waits costs a Future, a timer, registering and
-    unregistering the socket's FD and several `zmq_poll` calls, about a dozen loop turns and
-    fifty system calls per engine batch, which made the listener's CPU per small batch several
-    times its decoding and publishing. Here the FD stays registered for the socket's life.
+    unregistering the socket's FD and several `zmq_poll` calls. Here the FD stays registered for
+    the socket's life: with paced small batches the listener's loop made a fifth fewer system
+    calls and used about a tenth less CPU per batch (docs/benchmarks.md, "Paced small batches").
 
     ZMQ's FD is edge-triggered: it signals that the socket's state may have changed, and only
     reading `ZMQ_EVENTS` re-arms it. So the reader callback reads `EVENTS` itself (a socket
@@ -101,6 +102,13 @@ class Readiness:
 
     def close(self) -> None:
         self._loop.remove_reader(self._fd)
+
+
+def _close(sub: zmq.Socket[bytes], monitor: zmq.asyncio.Socket) -> None:
+    with contextlib.suppress(zmq.ZMQError):
+        sub.disable_monitor()
+    monitor.close(linger=0)
+    sub.close(linger=0)
 
 
 class ZmqSource:
@@ -151,10 +159,7 @@ class ZmqSource:
         except zmq.ZMQError:
             # An open socket would keep the context from terminating: the process would hang
             # instead of reporting the taken endpoint.
-            with contextlib.suppress(zmq.ZMQError):
-                sub.disable_monitor()
-            monitor.close(linger=0)
-            sub.close(linger=0)
+            _close(sub, monitor)
             raise
         return sub, monitor
 
@@ -170,10 +175,7 @@ class ZmqSource:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            with contextlib.suppress(zmq.ZMQError):
-                sub.disable_monitor()
-            monitor.close(linger=0)
-            sub.close(linger=0)
+            _close(sub, monitor)
             self._set_connected(False)
 
     async def _read(self, sub: zmq.Socket[bytes], ready: Readiness) -> None:
