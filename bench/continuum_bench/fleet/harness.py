@@ -118,14 +118,12 @@ class Front:
     def __init__(self, start: Callable[[], AbstractAsyncContextManager[str]]) -> None:
         self._start = start
         self._running: AbstractAsyncContextManager[str] | None = None
-        self.url = ""
-        self.restarts = 0
 
     async def open(self) -> str:
         running = self._start()
-        self.url = await running.__aenter__()
+        url = await running.__aenter__()
         self._running = running
-        return self.url
+        return url
 
     async def close(self) -> None:
         running, self._running = self._running, None
@@ -135,7 +133,6 @@ class Front:
     async def restart(self) -> str:
         """Stop the process (SIGTERM, as a container stop sends) and start it again."""
         await self.close()
-        self.restarts += 1
         return await self.open()
 
 
