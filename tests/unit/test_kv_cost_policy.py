@@ -220,6 +220,23 @@ def test_decaying_demand() -> None:
     assert demand.value("a", 20.0) == 0.0
 
 
+def test_demand_added_with_its_age_counts_what_is_left_of_it() -> None:
+    # a decision replayed 20 s after it was made weighs what it would weigh had it been seen then
+    then, late = DecayingDemand(half_life_s=10.0), DecayingDemand(half_life_s=10.0)
+    then.add("a", 1000, now=0.0)
+    then.add("a", 300, now=15.0)
+    late.add("a", 300, now=20.0, age=5.0)
+    late.add("a", 1000, now=20.0, age=20.0)
+    assert late.value("a", 20.0) == pytest.approx(then.value("a", 20.0))
+    assert late.value("a", 40.0) == pytest.approx(then.value("a", 40.0)) == pytest.approx((250 + 300 / 2**0.5) / 4)
+    c = StartCommitments(half_life_s=20.0, demand_half_life_s=60.0)
+    c.record("b0", 100, 40.0, start=True, age=40.0)
+    c.record("b1", 1200, 40.0, start=False, age=0.0)
+    # the start is a quarter of one start by now (two of its half-lives), booked at the 1,200
+    # tokens per start the fleet saw since (a faded lone start counts as one)
+    assert c.value("b0", 40.0) == pytest.approx(1200 / 4)
+
+
 def test_the_bound_slack_keeps_a_home_that_is_one_request_busier() -> None:
     # b0 holds the conversation and has 2 requests in flight, the others none: with ε 1.0 the
     # bound is ceil(2 · 3 / 4) = 2, so b0 is full and the turn loses its history

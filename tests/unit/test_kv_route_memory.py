@@ -67,6 +67,53 @@ def test_binary_search_equals_a_walk_for_recorded_chains(chains: list[list[int]]
         assert memory.match(keys, ["a"], now=1.0) == {"a": walk}
 
 
+def test_restored_records_expire_by_their_age_and_never_shorten_later_ones() -> None:
+    memory = RouteMemory(10.0)
+    memory.restore("a", [1, 2, 3], now=100.0, age=12.0)  # expired before the process started
+    assert len(memory) == 0
+    memory.record("a", [1, 2], now=100.0)  # live, expires at 110
+    memory.restore("a", [1, 2, 3, 4], now=100.0, age=6.0)  # recorded at 94, expires at 104
+    assert memory.match([1, 2, 3, 4], ["a"], now=103.0) == {"a": 4}
+    assert memory.match([1, 2, 3, 4], ["a"], now=105.0) == {"a": 2}  # the live head kept its expiry
+    assert memory.match([1, 2, 3, 4], ["a"], now=111.0) == {}
+    # replayed oldest first: a later record of the history extends an earlier one
+    memory.restore("b", [5, 6], now=100.0, age=8.0)
+    memory.restore("b", [5, 6, 7], now=100.0, age=2.0)
+    assert memory.match([5, 6, 7], ["b"], now=107.0) == {"b": 3}
+
+
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=5), st.booleans(), st.floats(0.0, 30.0)),
+        min_size=1,
+        max_size=24,
+    ),
+    st.floats(0.0, 40.0),
+)
+def test_restores_and_records_keep_held_hashes_a_prefix(ops: list[tuple[list[int], bool, float]], later: float) -> None:
+    # Live records and replayed ones (any age) interleaved: a chain's held hashes are still
+    # exactly its leading held run, so the binary search equals a walk at any later time.
+    memory = RouteMemory(20.0)
+    chains = []
+    for values, restored, age in ops:
+        keys = [hash(tuple(values[: j + 1])) for j in range(len(values))]
+        if restored:
+            memory.restore("a", keys, now=50.0, age=age)
+        else:
+            memory.record("a", keys, now=50.0)
+        chains.append(keys)
+    now = 50.0 + later
+    for keys in chains:
+        expiry = [memory._backends.get("a", {}).get(k) for k in keys]
+        walk = 0
+        for e in expiry:
+            if e is None or e <= now:
+                break
+            walk += 1
+        assert all(e is None or e <= now for e in expiry[walk:])  # nothing held past the run
+        assert memory.match(keys, ["a"], now=now) == ({"a": walk} if walk else {})
+
+
 def test_chunk_chains_share_exactly_the_common_prefix() -> None:
     base = {"messages": [{"role": "system", "content": "s" * 1000}, {"role": "user", "content": "hello " * 50}]}
     turn2 = {

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from continuum_common.config.types import KeyPrefix, Section, SourceId
+from continuum_common.config.types import Duration, KeyPrefix, Section, SourceId
 
 
 class CostModel(Section):
@@ -235,6 +235,22 @@ class MatchGroup(Section):
         return self
 
 
+class RouteHistory(Section):
+    """What the ingress replicas share (routing decisions, remembered `/tokenize` answers) is also
+    kept in the JetStream stream CONTINUUM_KV_ROUTES, so an ingress process that starts (a
+    restart, a new replica) replays it and routes as its predecessors did (docs/kv-scorer.md,
+    "After a restart"). Needs `share_decisions`."""
+
+    enabled: bool = True
+    # Limits of the stream when this ingress creates it (an existing stream is left as it is):
+    # older decisions matter no more (approximate records live `approximate.ttl_seconds`,
+    # recent demand halves every minute).
+    max_age: Duration = Field(600.0, gt=0.0, le=7 * 86_400.0)
+    max_bytes: int = Field(256 << 20, ge=1 << 20, le=1 << 40)
+    # The replay runs beside the traffic; it gives up after this long (counted).
+    replay_timeout: Duration = Field(30.0, gt=0.0, le=3_600.0)
+
+
 class KvCacheIndex(Section):
     enabled: bool = False
     backend: Literal["memory", "redis"] = "memory"
@@ -253,6 +269,7 @@ class KvCacheIndex(Section):
     # Share routing decisions (speculative entries, approximate records) and remembered
     # /tokenize answers with the other ingress replicas over NATS.
     share_decisions: bool = True
+    route_history: RouteHistory = RouteHistory()
     # Read the answer each chat request got (OpenAI chat completions, Anthropic Messages,
     # Responses requests that resend their conversation) and remember its conversation with
     # that answer where it was routed, so its next turn is matched through the answer (precise

@@ -26,6 +26,10 @@ do not know the message never receive it). Again a tagged array:
 (`digest`: the digest of its text, `chunks`: the chained hashes of its text chunks). `chain` is
 the block hashes of the tokenization, `tokens` its length, `nbytes` the size of what it covered.
 Digests and hashes only: no text and no token ids go on the bus.
+
+The JetStream stream `CONTINUUM_KV_ROUTES` (`HISTORY_STREAM`) captures both subjects, so an
+ingress process that starts replays what the replicas shared before it (the publishers still
+publish on core NATS; a stream that does not exist changes nothing for them).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ SUBJECT_PREFIX: Final = "continuum.kv.decisions."
 SUBJECT_WILDCARD: Final = "continuum.kv.decisions.*"
 TOKENIZED_PREFIX: Final = "continuum.kv.tokenized."
 TOKENIZED_WILDCARD: Final = "continuum.kv.tokenized.*"
+HISTORY_STREAM: Final = "CONTINUUM_KV_ROUTES"
+HISTORY_SUBJECTS: Final = (SUBJECT_WILDCARD, TOKENIZED_WILDCARD)
 KIND_SPECULATIVE: Final = 0
 KIND_APPROXIMATE: Final = 1
 KIND_ANSWER: Final = 2

@@ -9,7 +9,9 @@ Built by the app when `kv_cache_index.enabled` (a restart-only section). It owns
 * the block index it reads (engine block hashes): the embedded InMemoryBlockIndex (memory) or a
   read-only RedisBlockIndex (redis), through `BlockReads`;
 * the decision share (kv/adapters/decisions.py): routing decisions, and what the engines'
-  `/tokenize` answered, to and from the other ingress replicas over NATS;
+  `/tokenize` answered, to and from the other ingress replicas over NATS, and the replay of
+  what they shared before this process started (the route history,
+  kv/adapters/route_history.py);
 * the hand-off of the other replicas' routing decisions to the shared load view
   (load_share.py, which the app owns and runs on this component's NATS connection);
 * a watch that forgets what was recorded about a backend whose engine cleared its cache (the
@@ -46,7 +48,7 @@ from continuum_common.kvindex import KvIndex
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.kvindex.blocks import BlockIndexReader, MatchQuery
 from continuum_common.redis_client import RedisClient
-from continuum_common.wire.decisions import Decision, replica_id
+from continuum_common.wire.decisions import Decision, Tokenized, replica_id
 from continuum_ingress.adapters.nats_link import NatsLink
 from continuum_ingress.kv.adapters.bus import BusReader
 from continuum_ingress.kv.adapters.decisions import DecisionShare
@@ -201,7 +203,15 @@ class KvRouting:
         selector = self.selector
         tokenized = selector.apply_tokenized if selector.shares_tokenizations else None
         share = DecisionShare(
-            self.nc, self.replica, self._remote_decision, on_drop=self._decision_dropped, on_tokenized=tokenized
+            self.nc,
+            self.replica,
+            self._remote_decision,
+            on_drop=self._decision_dropped,
+            on_tokenized=tokenized,
+            history=self.section.route_history if selector.share_decisions else None,
+            history_replicas=self.config.bus.stream.replicas,
+            on_restored=self._restored,
+            on_replayed=self._replayed,
         )
         self.decisions = share
         selector.share = self._offer_decision
@@ -220,6 +230,18 @@ class KvRouting:
         self.selector.apply_remote(decision)
         if self.load_share is not None:
             self.load_share.bump(decision.replica, decision.backend, decision.new_tokens)
+
+    def _restored(self, message: Decision | Tokenized) -> None:
+        """A message of the route history: applied with its age, not counted as load now."""
+        if isinstance(message, Decision):
+            self.selector.restore(message)
+            self.metrics.history_restored.labels("decision").inc()
+        else:
+            self.selector.apply_tokenized(message, "restored")
+            self.metrics.history_restored.labels("tokenization").inc()
+
+    def _replayed(self, result: str, handed: int) -> None:
+        self.metrics.history_replays.labels(result).inc()
 
     def _decision_dropped(self, reason: str) -> None:
         self.metrics.decisions_dropped.labels(reason).inc()

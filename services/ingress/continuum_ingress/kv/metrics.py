@@ -91,6 +91,20 @@ class KvScorerMetrics:
             ["reason"],
             registry=r,
         )
+        self.history_restored = Counter(
+            "continuum_kv_route_history_restored",
+            "Messages of the route history (stream CONTINUUM_KV_ROUTES) applied when this process "
+            "started, by kind (decision, tokenization)",
+            ["kind"],
+            registry=r,
+        )
+        self.history_replays = Counter(
+            "continuum_kv_route_history_replays",
+            "Replays of the route history when this process started, by result (done, timeout, "
+            "failed: the stream could not be created or read)",
+            ["result"],
+            registry=r,
+        )
         self.approximate_answers = Counter(
             "continuum_kv_approximate_answers",
             "Answered chat requests routed in approximate mode, by whether their answer could be "

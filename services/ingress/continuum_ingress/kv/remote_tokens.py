@@ -27,7 +27,8 @@ many requests share their first messages (a system prompt, a document).
   the last one are then tokenized off the path too (what its siblings will share).
 * Every answer remembered is also offered to the other ingress replicas (`share`, set by the
   KV component: digests and block hashes over NATS, continuum_common.wire.decisions), and what
-  they learnt is remembered here (`apply_shared`), so N replicas ask as often as one.
+  they learnt is remembered here (`apply_shared`), so N replicas ask as often as one; a process
+  that starts gets what its predecessors learnt from the route history the same way.
 
 Off-path calls are bounded (`MAX_BACKGROUND` at once per group, more are skipped) and
 deduplicated; every outcome is counted (`continuum_kv_remote_tokenize_total{group, how}`). The
@@ -311,8 +312,9 @@ class RemoteTokens:
             )
         )
 
-    def apply_shared(self, learnt: Tokenized) -> None:
-        """What another replica learnt from `/tokenize`: remembered as if asked here."""
+    def apply_shared(self, learnt: Tokenized, how: str = "shared") -> None:
+        """What another replica learnt from `/tokenize` (`how`: `shared` live, `restored` from
+        the route history): remembered as if asked here."""
         known = Known(array("Q", learnt.chain), learnt.tokens, learnt.nbytes)
         if learnt.kind == KIND_CHAT and self.known is not None:
             self.known.put(learnt.digest, known)
@@ -320,7 +322,7 @@ class RemoteTokens:
             self.texts.put_hashed(learnt.digest, list(learnt.chunks), known)
         else:
             return
-        self.count(self.group.name, "shared")
+        self.count(self.group.name, how)
 
     def clear(self) -> None:
         if self.known is not None:

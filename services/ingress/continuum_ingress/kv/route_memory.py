@@ -56,6 +56,27 @@ class RouteMemory:
             entries[h] = expiry
         self._trim(entries, now)
 
+    def restore(self, backend: str, chain: Sequence[int], now: float, age: float) -> None:
+        """A chain recorded `age` seconds ago (replayed history, oldest first): it expires that
+        much sooner, and never shortens what a later record keeps. A hash's predecessors are in
+        every chain that holds it, each record gives its whole chain one expiry, and this keeps
+        the later of two: held hashes still form a prefix of any chain."""
+        expiry = now - age + self.ttl_s
+        if not self.enabled or not chain or expiry <= now:
+            return
+        entries = self._backends.get(backend)
+        if entries is None:
+            entries = self._backends[backend] = OrderedDict()
+        move = entries.move_to_end
+        for h in reversed(chain):
+            held = entries.get(h)
+            if held is None:
+                entries[h] = expiry
+            elif held < expiry:
+                entries[h] = expiry
+                move(h)
+        self._trim(entries, now)
+
     def match(self, chain: Sequence[int], backends: Iterable[str], now: float) -> dict[str, int]:
         """Leading hashes of `chain` each backend holds (backends with none are left out)."""
         out: dict[str, int] = {}

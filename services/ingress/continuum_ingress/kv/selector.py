@@ -362,11 +362,11 @@ class KvSelector:
         if self.share is not None and self.share_decisions:
             self.share(Decision(self.replica, group.name, backend, KIND_ANSWER, time.time(), chain, 0, False))
 
-    def _add_demand(self, backend: str, fresh: int, now: float, *, start: bool) -> None:
+    def _add_demand(self, backend: str, fresh: int, now: float, *, start: bool, age: float = 0.0) -> None:
         tokens = fresh + self.request_tokens
-        self.demand.add(backend, tokens, now)
+        self.demand.add(backend, tokens, now, age=age)
         if self.commitments is not None:
-            self.commitments.record(backend, tokens, now, start=start)
+            self.commitments.record(backend, tokens, now, start=start, age=age)
 
     def _in_prefix_group(self, backend: str) -> bool:
         group = self.group_of.get(backend) or self.groups["*"]
@@ -387,6 +387,25 @@ class KvSelector:
         elif decision.kind == KIND_APPROXIMATE:
             group.approximate_memory.record(decision.backend, decision.keys, self.clock())
 
+    def restore(self, decision: Decision) -> None:
+        """A decision from the route history (made before this process started, by any
+        replica): recorded with its age, so what has expired since is not restored and its
+        demand counts as much as is left of it. The sender's clock dates it: a date in the
+        future counts as now."""
+        group = self.groups.get(decision.group)
+        if group is None or decision.backend not in self.group_of:
+            return
+        age = max(0.0, time.time() - decision.ts)
+        now = self.clock()
+        if decision.kind == KIND_ANSWER:
+            group.approximate_memory.restore(decision.backend, decision.keys, now, age)
+            return
+        self._add_demand(decision.backend, decision.new_tokens, now, start=decision.start, age=age)
+        if decision.kind == KIND_SPECULATIVE and group.mode == "precise":
+            group.memory.restore(decision.backend, decision.keys, now, age)
+        elif decision.kind == KIND_APPROXIMATE:
+            group.approximate_memory.restore(decision.backend, decision.keys, now, age)
+
     @property
     def shares_tokenizations(self) -> bool:
         """Whether this replica exchanges `/tokenize` answers with the others."""
@@ -398,11 +417,12 @@ class KvSelector:
         for remote in self.remote.values():
             remote.share = offer
 
-    def apply_tokenized(self, learnt: Tokenized) -> None:
-        """What another replica learnt from `/tokenize`, remembered here (unknown group: ignored)."""
+    def apply_tokenized(self, learnt: Tokenized, how: str = "shared") -> None:
+        """What another replica learnt from `/tokenize`, remembered here (unknown group: ignored);
+        `how`: `shared` live, `restored` from the route history."""
         remote = self.remote.get(learnt.group)
         if remote is not None:
-            remote.apply_shared(learnt)
+            remote.apply_shared(learnt, how)
 
     def wipe(self, backend: str) -> None:
         """The backend's engine lost its cache (cleared, restarted): forget what we recorded."""

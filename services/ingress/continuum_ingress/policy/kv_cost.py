@@ -338,13 +338,14 @@ class StartCommitments:
         self._starts = DecayingDemand(half_life_s)
         self._fleet = DecayingDemand(demand_half_life_s)
 
-    def record(self, backend: str, tokens: float, now: float, *, start: bool) -> None:
-        """A request routed to `backend` with `tokens` of demand; `start`: it opened a conversation."""
+    def record(self, backend: str, tokens: float, now: float, *, start: bool, age: float = 0.0) -> None:
+        """A request routed to `backend` with `tokens` of demand `age` seconds ago; `start`: it
+        opened a conversation."""
         if start:
-            self._starts.add(backend, 1.0, now)
-            self._fleet.add(_STARTS, 1.0, now)
+            self._starts.add(backend, 1.0, now, age=age)
+            self._fleet.add(_STARTS, 1.0, now, age=age)
         else:
-            self._fleet.add(_LATER, tokens, now)
+            self._fleet.add(_LATER, tokens, now, age=age)
 
     def per_start(self, now: float) -> float:
         """What a start has recently brought afterwards, fleet-wide (0 before any start; a
@@ -370,7 +371,11 @@ class DecayingDemand:
         self.half_life_s = half_life_s
         self._values: dict[str, tuple[float, float]] = {}  # backend -> (value, at)
 
-    def add(self, backend: str, tokens: float, now: float) -> None:
+    def add(self, backend: str, tokens: float, now: float, *, age: float = 0.0) -> None:
+        """`tokens` sent `age` seconds before `now` (a replayed decision): as much as is left of
+        them by now."""
+        if age > 0.0:
+            tokens *= 0.5 ** (age / self.half_life_s)
         self._values[backend] = (self.value(backend, now) + tokens, now)
 
     def value(self, backend: str, now: float) -> float:
