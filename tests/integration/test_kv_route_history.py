@@ -15,8 +15,10 @@ import nats
 from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
+from continuum_common.config.kv_index import RouteHistory
 from continuum_common.procs import NatsServer
 from continuum_common.wire.decisions import HISTORY_STREAM
+from continuum_ingress.kv.adapters.route_history import ensure_history_stream
 from continuum_sim import SimFleet
 from continuum_testing.ingress_harness import RunningIngress, running_ingress
 from tests.integration.test_kv_remote_tokenize import SYSTEM, ask, config, eventually, how
@@ -151,3 +153,20 @@ async def test_a_stream_that_cannot_be_created_leaves_live_sharing_working(nats_
             await eventually(lambda: how(b, "shared") == 3)
             assert await ask(cb, model, TURN2) == home
             assert how(b, "request") == 0
+
+
+async def test_processes_starting_together_create_the_stream_once(nats_server: NatsServer) -> None:
+    # the workers of one `serve` (or replicas) start at the same moment; a stream an operator
+    # already made with other limits is kept as it is
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        settings = [RouteHistory(max_age=age) for age in (60.0, 120.0, 180.0)]
+        created = await asyncio.gather(*(ensure_history_stream(js, s, 1) for s in settings))
+        assert sorted(created) == [False, False, True]
+        assert (await js.stream_info(HISTORY_STREAM)).config.subjects == [
+            "continuum.kv.decisions.*",
+            "continuum.kv.tokenized.*",
+        ]
+    finally:
+        await nc.close()

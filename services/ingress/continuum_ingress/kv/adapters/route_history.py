@@ -32,7 +32,7 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from continuum_common.config.durations import format_duration
 from continuum_common.config.kv_index import RouteHistory
@@ -66,7 +66,13 @@ async def ensure_history_stream(js: JetStreamContext, settings: RouteHistory, re
         return False
     except NotFoundError:
         pass
-    await js.add_stream(history_stream_config(settings, replicas))
+    try:
+        await js.add_stream(history_stream_config(settings, replicas))
+    except BadRequestError:
+        # another process (a worker, a replica) created it between our look and our create,
+        # with other limits: theirs stand; else the refusal was about our config
+        await js.stream_info(HISTORY_STREAM)
+        return False
     log.info(
         "created stream %s (max_age=%s, max_bytes=%d)",
         HISTORY_STREAM,
