@@ -6,6 +6,8 @@ engines over loopback HTTP."""
 from __future__ import annotations
 
 import asyncio
+import time
+from array import array
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,8 +19,9 @@ from nats.js.errors import NotFoundError
 
 from continuum_common.config.kv_index import RouteHistory
 from continuum_common.procs import NatsServer
-from continuum_common.wire.decisions import HISTORY_STREAM
+from continuum_common.wire.decisions import HISTORY_STREAM, KIND_APPROXIMATE, Decision
 from continuum_ingress.kv.adapters.route_history import ensure_history_stream
+from continuum_ingress.kv.known_prefixes import Known
 from continuum_sim import SimFleet
 from continuum_testing.ingress_harness import RunningIngress, running_ingress
 from tests.integration.test_kv_remote_tokenize import SYSTEM, ask, config, eventually, how
@@ -68,9 +71,10 @@ async def test_a_restarted_ingress_remembers_what_its_predecessor_learnt(nats_se
             assert restored(a, "decision") == restored(a, "tokenization") == 0
             home = await ask(ca, model, FIRST)
             assert how(a, "request") == 1
-            # off the path A learns the system prompt and the request with its answer
-            await eventually(lambda: how(a, "background") == 2)
-        # A is gone: its decision and its three tokenizations are in the stream
+            # A stops at once; off the path it is still learning the system prompt and the
+            # request with its answer: it finishes that and shares it before it lets NATS go
+        assert how(a, "background") == 2
+        # its decision and its three tokenizations are in the stream
         assert await stored_messages(nats_server.url) == 4
         async with replica(cfg) as (b, cb):
             await eventually(lambda: replays(b, "done") == 1)
@@ -170,3 +174,24 @@ async def test_processes_starting_together_create_the_stream_once(nats_server: N
         ]
     finally:
         await nc.close()
+
+
+async def test_a_stopping_ingress_hands_over_what_it_is_still_learning(nats_server: NatsServer) -> None:
+    async with SimFleet(2, time_scale=0.001) as fleet:
+        async with replica(config(fleet, nats_server.url)) as (a, _):
+            kv = a.app.kv
+            assert kv is not None and kv.decisions is not None
+            await eventually(lambda: replays(a, "done") == 1)
+            remote = kv.selector.remote["fleet"]
+
+            async def learning() -> None:  # an off-path /tokenize that answers half a second later
+                await asyncio.sleep(0.5)
+                remote._remember_chat(b"d" * 16, Known(array("Q", [1, 2, 3]), 48, 100))
+
+            lesson = asyncio.get_running_loop().create_task(learning())
+            remote._tasks.add(lesson)
+            lesson.add_done_callback(remote._tasks.discard)
+            for i in range(2000):  # and a queue of decisions not yet published
+                kv.decisions.offer(Decision(kv.replica, "fleet", "e0", KIND_APPROXIMATE, time.time(), [i + 1], 1))
+        assert lesson.done() and not lesson.cancelled()
+    assert await stored_messages(nats_server.url) == 2001

@@ -65,6 +65,7 @@ from continuum_ingress.shared_client import SharedClient
 log = logging.getLogger("continuum.ingress.kv")
 
 STOP_GRACE_S = 5.0
+HANDOVER_S = 2.0  # at shutdown: lessons in flight, then the queued decisions, out to NATS
 GENERATION_WATCH_S = 1.0
 
 
@@ -280,6 +281,7 @@ class KvRouting:
 
     async def aclose(self) -> None:
         self._closing = True
+        await self._hand_over()
         if self.embedded is not None:
             self.embedded.stop()
         task = self._task
@@ -296,6 +298,21 @@ class KvRouting:
         if self._owned_redis is not None:
             with contextlib.suppress(Exception):
                 await self._owned_redis.aclose()
+
+    async def _hand_over(self) -> None:
+        """What this process learnt last (the off-path tokenizations of the last answers, the
+        decisions still queued) goes to the other replicas and the route history before NATS
+        is let go; bounded by HANDOVER_S."""
+        try:
+            async with asyncio.timeout(HANDOVER_S):
+                await self.selector.settle()
+                share = self.decisions
+                if share is not None and self.nc.is_connected:
+                    await share.drain()
+        except TimeoutError:
+            log.warning("shutdown: routing messages still queued after %.0f s were not shared", HANDOVER_S)
+        except Exception as exc:  # NATS went away meanwhile: nothing more to hand over
+            log.debug("shutdown hand-over: %s", type(exc).__name__)
 
     # ---- seams -----------------------------------------------------------------------------
 

@@ -330,6 +330,11 @@ class RemoteTokens:
         if self.texts is not None:
             self.texts.clear()
 
+    async def settle(self) -> None:
+        """Wait for the off-path calls in flight (they are bounded by the call timeout)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def aclose(self) -> None:
         self._closed = True
         tasks = list(self._tasks)

@@ -433,6 +433,12 @@ class KvSelector:
         if group.fallback_memory is not None:
             group.fallback_memory.wipe(backend)
 
+    async def settle(self) -> None:
+        """Wait for the off-path `/tokenize` calls in flight (at shutdown, before the share is
+        drained: what they learn is offered to the other replicas and the route history)."""
+        for remote in self.remote.values():
+            await remote.settle()
+
     async def aclose(self) -> None:
         for audit in self.audits.values():
             await audit.aclose()

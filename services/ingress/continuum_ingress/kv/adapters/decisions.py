@@ -124,6 +124,14 @@ class DecisionShare:
             except Exception as exc:  # nats-py raises several types when disconnected
                 self.on_drop("publish_failed")
                 log.debug("decision not published: %s", type(exc).__name__)
+            finally:
+                self._queue.task_done()
+
+    async def drain(self) -> None:
+        """Until what is queued has been handed to NATS and the server has it (at shutdown,
+        while `run()` still runs; the caller bounds the wait)."""
+        await self._queue.join()
+        await self.nc.flush()
 
     async def _ensure_history(self) -> bool:
         """Whether the history stream is there (created when missing); a refusal (no JetStream,
