@@ -40,7 +40,8 @@ from continuum_common.wire.decisions import HISTORY_STREAM, HISTORY_SUBJECTS
 
 log = logging.getLogger("continuum.ingress.kv")
 
-BATCH = 256  # messages per fetch: applying one batch holds the event loop a few milliseconds
+BATCH = 256  # messages per fetch
+YIELD_EVERY = 16  # messages applied between two turns of the event loop (a few milliseconds at most)
 FETCH_WAIT_S = 2.0  # the stream had these messages a moment ago: they come at once or not at all
 CONSUMER_IDLE_S = 60.0  # the server removes a replay consumer whose process went away
 
@@ -127,5 +128,7 @@ async def _read(
                 return handed
             handle(msg.subject, msg.data)
             handed += 1
+            if handed % YIELD_EVERY == 0:  # requests go on being served during the replay
+                await asyncio.sleep(0)
             if meta.sequence.stream == last or meta.num_pending == 0:
                 return handed
