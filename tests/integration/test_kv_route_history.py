@@ -5,6 +5,7 @@ engines over loopback HTTP."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from array import array
@@ -18,7 +19,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 from continuum_common.config.kv_index import RouteHistory
-from continuum_common.procs import NatsServer
+from continuum_common.procs import NatsServer, free_port
 from continuum_common.wire.decisions import HISTORY_STREAM, KIND_APPROXIMATE, Decision
 from continuum_ingress.kv.adapters.route_history import ensure_history_stream
 from continuum_ingress.kv.known_prefixes import Known
@@ -195,3 +196,33 @@ async def test_a_stopping_ingress_hands_over_what_it_is_still_learning(nats_serv
                 kv.decisions.offer(Decision(kv.replica, "fleet", "e0", KIND_APPROXIMATE, time.time(), [i + 1], 1))
         assert lesson.done() and not lesson.cancelled()
     assert await stored_messages(nats_server.url) == 2001
+
+
+async def test_ready_only_once_the_history_is_replayed(nats_server: NatsServer) -> None:
+    from continuum_bench.route_history import fill  # a history shaped like a fleet's, 2,000 messages
+
+    history = {"conversations": 200, "turns": 5, "chunks_per_turn": 20, "blocks_per_turn": 75}
+    count, _ = await fill(nats_server.url, argparse.Namespace(**history, spread=60.0, seed=3))
+    async with (
+        SimFleet(2, time_scale=0.001) as fleet,
+        running_ingress(config(fleet, nats_server.url)) as ing,
+        httpx.AsyncClient(base_url=ing.url, timeout=10) as client,
+    ):
+        async with asyncio.timeout(20):
+            while (await client.get("/readyz")).status_code != 200:
+                await asyncio.sleep(0.005)
+        assert replays(ing, "done") == 1
+        assert restored(ing, "decision") + restored(ing, "tokenization") == count
+
+
+async def test_ready_after_the_timeout_when_nats_is_down(nats_server: NatsServer) -> None:
+    async with SimFleet(2, time_scale=0.001) as fleet:
+        cfg = config(fleet, f"nats://127.0.0.1:{free_port()}")  # nothing listens there
+        cfg["kv_cache_index"]["ready_timeout"] = "1s"
+        async with running_ingress(cfg) as ing, httpx.AsyncClient(base_url=ing.url, timeout=10) as client:
+            first = await client.get("/readyz")
+            assert first.status_code == 503 and first.json()["ready"] is False
+            await asyncio.sleep(1.1)
+            assert (await client.get("/readyz")).status_code == 200
+            # and it routes all the same, without the KV state
+            assert await ask(client, fleet.endpoints[0].model, FIRST) in {"e0", "e1"}

@@ -167,11 +167,22 @@ class IngressApp:
         )  # fmt: skip
         self.health = HealthChecker(self.holder, self.pool, clock, tick=health_tick)
         self.ready = False
+        self._ready_at = 0.0
         self.fastapi = self._build_fastapi([*self.gemini.admin_routes, *admin_routes])
         # The forwarding endpoints are dispatched before the framework's middleware stack (a
         # dict lookup instead of ~10 middleware layers per request); everything else - admin,
         # models, health, metrics, 404/405 bodies, lifespan - goes through FastAPI.
         self.asgi = HotPaths(self.fastapi, self._forward_endpoints)
+
+    def is_ready(self) -> bool:
+        """Serving (not starting, not draining), with the KV routing state replayed: the KV
+        index fed and the route history applied, or `kv_cache_index.ready_timeout` passed."""
+        if not self.ready:
+            return False
+        kv = self.kv
+        if kv is None or kv.warm:
+            return True
+        return time.monotonic() - self._ready_at >= kv.section.ready_timeout
 
     def _response_cache(
         self,
@@ -248,7 +259,7 @@ class IngressApp:
             self._forward_endpoints[path] = endpoint
             app.router.routes.append(Route(path, endpoint, methods=["POST"]))
         exposition = None if self.worker_metrics is None else self.worker_metrics.exposition
-        info = InfoEndpoints(self.holder, self.pool, self.metrics, lambda: self.ready, exposition)
+        info = InfoEndpoints(self.holder, self.pool, self.metrics, self.is_ready, exposition)
         app.router.routes.append(Route("/v1/models", info.models, methods=["GET"]))
         app.router.routes.append(Route("/v1/models/{model:path}", info.model, methods=["GET"]))
         app.router.routes.append(Route("/healthz", info.healthz, methods=["GET"]))
@@ -278,6 +289,7 @@ class IngressApp:
                 tasks.create_task(self.health.run(stop))
                 tasks.create_task(self._maintenance(stop))
                 self.ready = True
+                self._ready_at = time.monotonic()
                 log.info("ingress ready: %d backend(s)", len(self.holder.current.backends))
                 try:
                     yield

@@ -270,6 +270,10 @@ class KvCacheIndex(Section):
     # /tokenize answers with the other ingress replicas over NATS.
     share_decisions: bool = True
     route_history: RouteHistory = RouteHistory()
+    # GET /readyz answers 503 (starting) until the index has been fed (memory: the stream's
+    # recent history replayed) and the route history replayed, at most this long after the
+    # ingress started serving (NATS down at start: ready after it all the same). 0: at once.
+    ready_timeout: Duration = Field(10.0, ge=0.0, le=600.0)
     # Read the answer each chat request got (OpenAI chat completions, Anthropic Messages,
     # Responses requests that resend their conversation) and remember its conversation with
     # that answer where it was routed, so its next turn is matched through the answer (precise

@@ -127,11 +127,17 @@ class KvRouting:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.ready = asyncio.Event()  # the index is fed (memory) / NATS is connected (redis)
+        self.history_settled = asyncio.Event()  # the route history was replayed (or cannot be)
         self.connected = link.connected  # NATS is connected (once; nats-py reconnects itself)
 
     @property
     def backend(self) -> str:
         return self.section.backend
+
+    @property
+    def warm(self) -> bool:
+        """The index is fed and the route history replayed: routing as well as it will."""
+        return self.ready.is_set() and self.history_settled.is_set()
 
     # ---- Component -------------------------------------------------------------------------
 
@@ -215,6 +221,8 @@ class KvRouting:
             on_replayed=self._replayed,
         )
         self.decisions = share
+        if share.history is None:
+            self.history_settled.set()
         selector.share = self._offer_decision
         if tokenized is not None:
             selector.share_tokenizations(share.offer_tokenized)
@@ -243,6 +251,7 @@ class KvRouting:
 
     def _replayed(self, result: str, handed: int) -> None:
         self.metrics.history_replays.labels(result).inc()
+        self.history_settled.set()
 
     def _decision_dropped(self, reason: str) -> None:
         self.metrics.decisions_dropped.labels(reason).inc()
