@@ -69,16 +69,16 @@ def test_binary_search_equals_a_walk_for_recorded_chains(chains: list[list[int]]
 
 def test_restored_records_expire_by_their_age_and_never_shorten_later_ones() -> None:
     memory = RouteMemory(10.0)
-    memory.restore("a", [1, 2, 3], now=100.0, age=12.0)  # expired before the process started
+    memory.record("a", [1, 2, 3], now=100.0, age=12.0)  # expired before the process started
     assert len(memory) == 0
     memory.record("a", [1, 2], now=100.0)  # live, expires at 110
-    memory.restore("a", [1, 2, 3, 4], now=100.0, age=6.0)  # recorded at 94, expires at 104
+    memory.record("a", [1, 2, 3, 4], now=100.0, age=6.0)  # recorded at 94, expires at 104
     assert memory.match([1, 2, 3, 4], ["a"], now=103.0) == {"a": 4}
     assert memory.match([1, 2, 3, 4], ["a"], now=105.0) == {"a": 2}  # the live head kept its expiry
     assert memory.match([1, 2, 3, 4], ["a"], now=111.0) == {}
     # replayed oldest first: a later record of the history extends an earlier one
-    memory.restore("b", [5, 6], now=100.0, age=8.0)
-    memory.restore("b", [5, 6, 7], now=100.0, age=2.0)
+    memory.record("b", [5, 6], now=100.0, age=8.0)
+    memory.record("b", [5, 6, 7], now=100.0, age=2.0)
     assert memory.match([5, 6, 7], ["b"], now=107.0) == {"b": 3}
 
 
@@ -98,7 +98,7 @@ def test_restores_and_records_keep_held_hashes_a_prefix(ops: list[tuple[list[int
     for values, restored, age in ops:
         keys = [hash(tuple(values[: j + 1])) for j in range(len(values))]
         if restored:
-            memory.restore("a", keys, now=50.0, age=age)
+            memory.record("a", keys, now=50.0, age=age)
         else:
             memory.record("a", keys, now=50.0)
         chains.append(keys)

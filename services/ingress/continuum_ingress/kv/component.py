@@ -243,7 +243,7 @@ class KvRouting:
     def _restored(self, message: Decision | Tokenized) -> None:
         """A message of the route history: applied with its age, not counted as load now."""
         if isinstance(message, Decision):
-            self.selector.restore(message)
+            self.selector.apply_remote(message, restored=True)
             self.metrics.history_restored.labels("decision").inc()
         else:
             self.selector.apply_tokenized(message, "restored")

@@ -42,25 +42,12 @@ class RouteMemory:
         d = self._backends.get(backend)
         return len(d) if d is not None else 0
 
-    def record(self, backend: str, chain: Sequence[int], now: float) -> None:
-        if not self.enabled or not chain:
-            return
-        entries = self._backends.get(backend)
-        if entries is None:
-            entries = self._backends[backend] = OrderedDict()
-        expiry = now + self.ttl_s
-        move = entries.move_to_end
-        for h in reversed(chain):
-            if h in entries:
-                move(h)
-            entries[h] = expiry
-        self._trim(entries, now)
-
-    def restore(self, backend: str, chain: Sequence[int], now: float, age: float) -> None:
-        """A chain recorded `age` seconds ago (replayed history, oldest first): it expires that
-        much sooner, and never shortens what a later record keeps. A hash's predecessors are in
-        every chain that holds it, each record gives its whole chain one expiry, and this keeps
-        the later of two: held hashes still form a prefix of any chain."""
+    def record(self, backend: str, chain: Sequence[int], now: float, age: float = 0.0) -> None:
+        """`chain` sent to `backend` `age` seconds before `now` (0: just now; more: a replayed
+        decision, oldest first). It expires that much sooner (an expired one is not recorded)
+        and never shortens what a later record keeps. A hash's predecessors are in every chain
+        that holds it and each record gives its whole chain one expiry, so keeping the later of
+        two keeps held hashes a prefix of any chain."""
         expiry = now - age + self.ttl_s
         if not self.enabled or not chain or expiry <= now:
             return
@@ -72,7 +59,7 @@ class RouteMemory:
             held = entries.get(h)
             if held is None:
                 entries[h] = expiry
-            elif held < expiry:
+            elif held <= expiry:
                 entries[h] = expiry
                 move(h)
         self._trim(entries, now)

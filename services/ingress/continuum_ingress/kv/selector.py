@@ -372,39 +372,23 @@ class KvSelector:
         group = self.group_of.get(backend) or self.groups["*"]
         return group.mode == "prefix_key"
 
-    def apply_remote(self, decision: Decision) -> None:
-        """A decision another replica made: record it as if it were ours."""
+    def apply_remote(self, decision: Decision, *, restored: bool = False) -> None:
+        """A decision another replica made: record it as if it were ours. `restored`: it comes
+        from the route history (made before this process started, by any replica) and is
+        recorded with its age, so what has expired since is not restored and its demand counts
+        as much as is left of it; the sender's clock dates it (a date in the future is now)."""
         group = self.groups.get(decision.group)
         if group is None or decision.backend not in self.group_of:
             return
-        if decision.kind == KIND_ANSWER:  # what an answer added: no request, no demand
-            group.approximate_memory.record(decision.backend, decision.keys, self.clock())
-            return
-        self._add_demand(decision.backend, decision.new_tokens, self.clock(), start=decision.start)
+        now = self.clock()
+        age = max(0.0, time.time() - decision.ts) if restored else 0.0
+        if decision.kind != KIND_ANSWER:  # what an answer added is no request: no demand
+            self._add_demand(decision.backend, decision.new_tokens, now, start=decision.start, age=age)
         if decision.kind == KIND_SPECULATIVE and group.mode == "precise":
             # the part of the chain the sender's (and so our) block index did not confirm yet
-            group.memory.record(decision.backend, decision.keys, self.clock())
-        elif decision.kind == KIND_APPROXIMATE:
-            group.approximate_memory.record(decision.backend, decision.keys, self.clock())
-
-    def restore(self, decision: Decision) -> None:
-        """A decision from the route history (made before this process started, by any
-        replica): recorded with its age, so what has expired since is not restored and its
-        demand counts as much as is left of it. The sender's clock dates it: a date in the
-        future counts as now."""
-        group = self.groups.get(decision.group)
-        if group is None or decision.backend not in self.group_of:
-            return
-        age = max(0.0, time.time() - decision.ts)
-        now = self.clock()
-        if decision.kind == KIND_ANSWER:
-            group.approximate_memory.restore(decision.backend, decision.keys, now, age)
-            return
-        self._add_demand(decision.backend, decision.new_tokens, now, start=decision.start, age=age)
-        if decision.kind == KIND_SPECULATIVE and group.mode == "precise":
-            group.memory.restore(decision.backend, decision.keys, now, age)
-        elif decision.kind == KIND_APPROXIMATE:
-            group.approximate_memory.restore(decision.backend, decision.keys, now, age)
+            group.memory.record(decision.backend, decision.keys, now, age)
+        elif decision.kind in (KIND_APPROXIMATE, KIND_ANSWER):
+            group.approximate_memory.record(decision.backend, decision.keys, now, age)
 
     @property
     def shares_tokenizations(self) -> bool:
