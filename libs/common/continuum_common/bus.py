@@ -12,7 +12,7 @@ import nats
 from nats.aio.client import Client as NatsClient
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from continuum_common.config.durations import format_duration
 from continuum_common.config.router import Bus
@@ -106,17 +106,32 @@ def kv_stream_config(cfg: Bus) -> StreamConfig:
 
 
 async def ensure_kv_stream(js: JetStreamContext, cfg: Bus) -> None:
-    """Create stream CONTINUUM_KV when it does not exist; leave an existing one as operators
-    configured it (changing limits under a running fleet is an operator decision)."""
+    """Create stream CONTINUUM_KV when it does not exist (see `ensure_stream`)."""
+    await ensure_stream(js, kv_stream_config(cfg))
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> bool:
+    """Create the stream when it does not exist (True when this call created it); leave an
+    existing one as operators configured it (changing limits under a running fleet is an
+    operator decision). Another process that creates it at the same moment with other limits
+    wins: its stream stands."""
+    assert config.name is not None
     try:
-        await js.stream_info(STREAM_NAME)
-        return
+        await js.stream_info(config.name)
+        return False
     except NotFoundError:
         pass
-    await js.add_stream(kv_stream_config(cfg))
+    try:
+        await js.add_stream(config)
+    except BadRequestError:
+        # created between our look and our create; else the refusal was about our config,
+        # and this raises NotFoundError
+        await js.stream_info(config.name)
+        return False
     log.info(
         "created stream %s (max_age=%s, max_bytes=%d)",
-        STREAM_NAME,
-        format_duration(cfg.stream.max_age),
-        cfg.stream.max_bytes,
+        config.name,
+        format_duration(config.max_age or 0.0),
+        config.max_bytes or -1,
     )
+    return True

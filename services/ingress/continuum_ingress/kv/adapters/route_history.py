@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable
 
 import nats.errors
@@ -32,13 +31,10 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError, NotFoundError
 
-from continuum_common.config.durations import format_duration
+from continuum_common.bus import ensure_stream
 from continuum_common.config.kv_index import RouteHistory
 from continuum_common.wire.decisions import HISTORY_STREAM, HISTORY_SUBJECTS
-
-log = logging.getLogger("continuum.ingress.kv")
 
 BATCH = 256  # messages per fetch
 YIELD_EVERY = 16  # messages applied between two turns of the event loop (a few milliseconds at most)
@@ -60,27 +56,8 @@ def history_stream_config(settings: RouteHistory, replicas: int) -> StreamConfig
 
 
 async def ensure_history_stream(js: JetStreamContext, settings: RouteHistory, replicas: int) -> bool:
-    """Create the stream when it does not exist (True when created); an existing one is left as
-    operators configured it."""
-    try:
-        await js.stream_info(HISTORY_STREAM)
-        return False
-    except NotFoundError:
-        pass
-    try:
-        await js.add_stream(history_stream_config(settings, replicas))
-    except BadRequestError:
-        # another process (a worker, a replica) created it between our look and our create,
-        # with other limits: theirs stand; else the refusal was about our config
-        await js.stream_info(HISTORY_STREAM)
-        return False
-    log.info(
-        "created stream %s (max_age=%s, max_bytes=%d)",
-        HISTORY_STREAM,
-        format_duration(settings.max_age),
-        settings.max_bytes,
-    )
-    return True
+    """Create the stream when it does not exist (True when created; continuum_common.bus)."""
+    return await ensure_stream(js, history_stream_config(settings, replicas))
 
 
 async def replay_history(
