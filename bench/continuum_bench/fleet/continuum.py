@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import httpx
 
-from continuum_bench.fleet.harness import READY_TIMEOUT_S, FleetContext, console, front, process, router, wait_until
+from continuum_bench.fleet.harness import FleetContext, console, front, process, router, wait_until
 from continuum_common.procs import NatsServer, RedisServer
 from continuum_sim import listener_sources, router_backends
 
@@ -83,11 +83,12 @@ async def _until_ready(url: str) -> None:
     """As a load balancer admits a replica: once `GET /readyz` says so (with KV routing on,
     once the KV index is fed and the route history replayed), as the peers' plugins wait for
     their workers."""
-    async with httpx.AsyncClient(timeout=5) as client, asyncio.timeout(READY_TIMEOUT_S):
-        while True:
-            if (await client.get(url + "/readyz")).status_code == 200:
-                return
-            await asyncio.sleep(0.02)
+    async with httpx.AsyncClient(timeout=5) as client:
+
+        async def ready() -> bool:
+            return (await client.get(url + "/readyz")).status_code == 200
+
+        await wait_until(ready, f"{url}/readyz", every_s=0.02)
 
 
 async def _save_metrics(url: str, path: Path) -> None:

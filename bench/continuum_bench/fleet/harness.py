@@ -225,7 +225,9 @@ def console(name: str) -> list[str]:
     return [str(candidate)] if candidate.exists() else [name]
 
 
-async def wait_until(check: Callable[[], Any], what: str, limit_s: float = READY_TIMEOUT_S) -> None:
+async def wait_until(
+    check: Callable[[], Any], what: str, limit_s: float = READY_TIMEOUT_S, every_s: float = 0.2
+) -> None:
     deadline = time.monotonic() + limit_s
     while True:
         with contextlib.suppress(httpx.HTTPError, OSError):
@@ -233,4 +235,4 @@ async def wait_until(check: Callable[[], Any], what: str, limit_s: float = READY
                 return
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(every_s)
