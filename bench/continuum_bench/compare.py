@@ -290,7 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--trace", help="trace: a Mooncake JSONL (default bench/continuum_bench/traces/mooncake_synthetic.jsonl)"
     )
-    w.add_argument("--trace-duration", type=float, help="trace: replay only the first N trace seconds")
+    w.add_argument(
+        "--trace-duration", type=float, help="trace: replay only the first N trace seconds (from --trace-start)"
+    )
+    w.add_argument(
+        "--trace-start", type=float, default=0.0,
+        help="trace: replay from this trace second on (a later window of a long trace; its first request comes at once)",
+    )  # fmt: skip
     w.add_argument("--trace-limit", type=int, help="trace: replay only the first N lines")
     w.add_argument(
         "--api", dest="api_form", choices=API_FORMS, default="native",
@@ -307,7 +313,7 @@ def options(args: argparse.Namespace, argv: Sequence[str]) -> FleetBenchOptions:
         time_scale=args.time_scale, seed=args.seed, requests=args.requests, rate=args.rate,
         output_tokens=args.output_tokens, conversations=args.conversations, system_prompts=args.system_prompts,
         duration=args.duration, trace=args.trace, trace_duration=args.trace_duration, trace_limit=args.trace_limit,
-        out_dir=args.out_dir, in_process=args.in_process, plot=False, progress=sys.stderr.isatty(),
+        trace_start=args.trace_start, out_dir=args.out_dir, in_process=args.in_process, plot=False, progress=sys.stderr.isatty(),
         api_form=args.api_form, restart_router_at=args.restart_router_at,
         command="continuum-router bench compare " + shlex.join(argv),
     )  # fmt: skip
@@ -324,6 +330,8 @@ def _check(args: argparse.Namespace, routers: Sequence[str], workloads: Sequence
         return "--engines must be >= 1 and --time-scale > 0"
     if args.restart_router_at is not None and args.restart_router_at <= 0:
         return "--restart-router-at must be > 0"
+    if args.trace_start < 0:
+        return "--trace-start must be >= 0"
     if args.trace and not Path(args.trace).is_file():
         return f"--trace {args.trace}: no such file"
     return None

@@ -39,11 +39,12 @@ def test_compare_parses_trace_tokenizer_and_engine_options() -> None:
         "--workloads", "trace,conversations", "--trace", "/tmp/t.jsonl", "--trace-duration", "600",
         "--trace-limit", "50", "--max-model-len", "32768", "--block-size", "32", "--tokenizer", "hf",
         "--num-gpu-blocks", "9000", "--duration", "300", "--rate", "1.5", "--count-engine-calls",
-        "--restart-router-at", "45",
+        "--restart-router-at", "45", "--trace-start", "300",
     ]  # fmt: skip
     args = compare.build_parser().parse_args(argv)
     opts = compare.options(args, argv)
     assert (opts.trace, opts.trace_duration, opts.trace_limit) == ("/tmp/t.jsonl", 600.0, 50)
+    assert opts.trace_start == 300.0
     assert (opts.max_model_len, opts.block_size, opts.num_gpu_blocks, opts.tokenizer) == (32768, 32, 9000, "hf")
     assert (opts.duration, opts.rate) == (300.0, 1.5)
     assert args.count_engine_calls is True
@@ -60,6 +61,8 @@ def test_compare_refuses_unknown_names_and_missing_traces(capsys: pytest.Capture
     assert "no such file" in capsys.readouterr().err
     assert compare.main(["--restart-router-at", "0"]) == 2
     assert "--restart-router-at must be > 0" in capsys.readouterr().err
+    assert compare.main(["--trace-start", "-1"]) == 2
+    assert "--trace-start must be >= 0" in capsys.readouterr().err
 
 
 def test_compare_lists_every_registered_router(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from continuum_bench.fleet.conversations import main as conversations_main
 from continuum_bench.fleet.describe import main as describe_main
 from continuum_bench.fleet.describe import markdown_table, trace_stats
 from continuum_bench.fleet.tokens import Texts, make_codec
-from continuum_bench.fleet.trace import TRACE_BLOCK, TraceLine, load_trace, write_trace
+from continuum_bench.fleet.trace import TRACE_BLOCK, TraceLine, TraceWorkload, load_trace, write_trace
 
 SHAPE = ConversationShape()
 
@@ -104,6 +105,24 @@ def test_mooncake_round_trip(tmp_path: Path) -> None:
     assert load_trace(path, limit=3) == lines[:3]
     cut = lines[len(lines) // 2].timestamp_ms / 1000
     assert load_trace(path, duration_s=cut) == [x for x in lines if x.timestamp_ms <= cut * 1000]
+
+
+def test_a_trace_window_starts_at_once_and_counts_from_its_start(tmp_path: Path) -> None:
+    plans = plan_conversations(SHAPE, duration=120, seed=4)
+    lines = mooncake_lines(plans, SHAPE, 4)
+    path = tmp_path / "conv.jsonl"
+    write_trace(path, lines)
+    start_ms = lines[len(lines) // 3].timestamp_ms
+    later = [x for x in lines if x.timestamp_ms >= start_ms]
+    window = load_trace(path, start_s=start_ms / 1000, duration_s=30)
+    assert window[0].timestamp_ms == 0 and window[0].hash_ids == later[0].hash_ids
+    assert window == [
+        replace(x, timestamp_ms=x.timestamp_ms - start_ms) for x in later if x.timestamp_ms - start_ms <= 30_000
+    ]
+    assert len(window) < len(later)  # the duration counts from the window's start
+    assert load_trace(path, start_s=start_ms / 1000, limit=2) == window[:2]
+    workload = TraceWorkload(Texts(make_codec("builtin")), path=path, start=start_ms / 1000, duration=30)
+    assert (workload.total_requests, workload.describe()["start"]) == (len(window), start_ms / 1000)
 
 
 def test_conversations_cli_writes_a_trace(tmp_path: Path) -> None:

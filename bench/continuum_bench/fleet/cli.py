@@ -102,7 +102,11 @@ def _workload_args(w: argparse._ArgumentGroup, d: FleetBenchOptions) -> None:
     w.add_argument("--user-tokens", type=int, default=d.user_tokens)
     w.add_argument("--think-time", type=float, default=d.think_time, help="mean seconds between turns")
     w.add_argument("--trace", help="Mooncake JSONL (default bench/continuum_bench/traces/mooncake_synthetic.jsonl)")
-    w.add_argument("--trace-duration", type=float, help="replay only the first N trace seconds")
+    w.add_argument("--trace-duration", type=float, help="replay only the first N trace seconds (from --trace-start)")
+    w.add_argument(
+        "--trace-start", type=float, default=d.trace_start,
+        help="replay the trace from this second on (a later window of a long trace; its first request comes at once)",
+    )  # fmt: skip
     w.add_argument("--trace-limit", type=int, help="replay only the first N trace lines")
     w.add_argument("--duration", type=float, help="conversations: seconds of conversation starts (600)")
     w.add_argument(
@@ -117,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     tokenizer_dir = args.pop("tokenizer_dir")
     opts = FleetBenchOptions(**args, command="continuum-router bench fleet " + shlex.join(argv))
-    if opts.engines < 1 or opts.time_scale <= 0:
-        print("error: --engines must be >= 1 and --time-scale > 0", file=sys.stderr)
+    if opts.engines < 1 or opts.time_scale <= 0 or opts.trace_start < 0:
+        print("error: --engines must be >= 1, --time-scale > 0 and --trace-start >= 0", file=sys.stderr)
         return 2
     try:
         if opts.tokenizer == "hf":

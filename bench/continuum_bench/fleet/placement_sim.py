@@ -174,12 +174,9 @@ def conversations(seed: int, duration: float = 240.0) -> tuple[list[Request], li
 
 def trace_window(path: Path, seed: int, duration: float) -> tuple[list[Request], list[FollowUp]]:
     """Window `seed` of the trace: seconds [(seed - 1) · duration, seed · duration)."""
-    offset = (seed - 1) * duration
     out = []
-    for line in load_trace(path, duration_s=offset + duration):
-        at = line.timestamp_ms / 1000 - offset
-        if at < 0:
-            continue
+    for line in load_trace(path, start_s=(seed - 1) * duration, duration_s=duration):
+        at = line.timestamp_ms / 1000
         blocks: list[Hashable] = list(line.hash_ids[: line.input_length // TRACE_BLOCK])
         key = str(line.hash_ids[0])
         out.append(Request(at, blocks, line.input_length, line.output_length, False, key))

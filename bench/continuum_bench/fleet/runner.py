@@ -74,6 +74,7 @@ class FleetBenchOptions:
     trace: str | None = None
     trace_limit: int | None = None
     trace_duration: float | None = None
+    trace_start: float = 0.0
     duration: float | None = None  # conversations: seconds of conversation starts (600)
     # outputs
     out_dir: str = "bench/results"
@@ -119,7 +120,9 @@ def build_workload(opts: FleetBenchOptions, texts: Texts) -> Workload:
             output_tokens=opts.output_tokens or 120, think_time=opts.think_time, seed=opts.seed,
         )  # fmt: skip
     if opts.workload == "trace":
-        kwargs: dict[str, Any] = {"limit": opts.trace_limit or opts.requests, "duration": opts.trace_duration}
+        kwargs: dict[str, Any] = {
+            "limit": opts.trace_limit or opts.requests, "duration": opts.trace_duration, "start": opts.trace_start,
+        }  # fmt: skip
         if opts.trace:
             kwargs["path"] = opts.trace
         return TraceWorkload(texts, max_model_len=opts.max_model_len, **kwargs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import random
 from collections import OrderedDict
@@ -45,9 +46,15 @@ class TraceLine:
         }  # fmt: skip
 
 
-def load_trace(path: str | Path, *, limit: int | None = None, duration_s: float | None = None) -> list[TraceLine]:
-    """Read a Mooncake JSONL trace (ValueError naming the line on a malformed one)."""
+def load_trace(
+    path: str | Path, *, limit: int | None = None, duration_s: float | None = None, start_s: float = 0.0
+) -> list[TraceLine]:
+    """Read a Mooncake JSONL trace (ValueError naming the line on a malformed one). With
+    `start_s`, the window that begins there: earlier lines are left out and the rest are moved
+    back by `start_s`, so the window's first request comes at once; `duration_s` and `limit`
+    count from the window's start."""
     lines: list[TraceLine] = []
+    start_ms = round(start_s * 1000)
     with open(path, encoding="utf-8") as fh:
         for number, raw in enumerate(fh, 1):
             if not raw.strip():
@@ -56,6 +63,10 @@ def load_trace(path: str | Path, *, limit: int | None = None, duration_s: float 
                 line = _parse_line(json.loads(raw))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{number}: not a Mooncake trace line ({type(exc).__name__}: {exc})") from exc
+            if line.timestamp_ms < start_ms:
+                continue
+            if start_ms:
+                line = dataclasses.replace(line, timestamp_ms=line.timestamp_ms - start_ms)
             if duration_s is not None and line.timestamp_ms > duration_s * 1000:
                 break
             lines.append(line)
@@ -146,12 +157,13 @@ class TraceWorkload:
     path: str | Path = DEFAULT_TRACE
     limit: int | None = None
     duration: float | None = None  # simulated seconds of trace to replay
+    start: float = 0.0  # trace second the replay begins at
     max_model_len: int = 32_768
     name: str = "trace"
     _lines: list[TraceLine] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
-        self._lines = load_trace(self.path, limit=self.limit, duration_s=self.duration)
+        self._lines = load_trace(self.path, limit=self.limit, duration_s=self.duration, start_s=self.start)
         if not self._lines:
             raise ValueError(f"trace {self.path} has no requests in the selected range")
 
@@ -164,7 +176,7 @@ class TraceWorkload:
         mean_in = sum(x.input_length for x in self._lines) / len(self._lines)
         return {
             "workload": self.name, "trace": _display_path(self.path), "requests": len(self._lines), "trace_seconds": span,
-            "mean_input_tokens": round(mean_in), "limit": self.limit, "duration": self.duration,
+            "mean_input_tokens": round(mean_in), "limit": self.limit, "duration": self.duration, "start": self.start,
         }  # fmt: skip
 
     def sessions(self) -> Iterator[SessionProto]:
