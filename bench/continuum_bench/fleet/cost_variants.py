@@ -5,7 +5,8 @@ turns off the placement of conversation starts, `noload` the shared load view be
 `slack<n>` sets `load_bound_slack`, `req<n>` `placement_request_tokens`, `nomemory` turns off
 the remembered tokenizations (`tokenize_memory_blocks: 0`), `known<n>` sets the smallest
 remembered part used (`tokenize_memory_min_tokens`), `tol<δ>` `placement_tolerance`, `hashnew` turns off
-`place_new_prefixes` (the strategy places prompts nobody holds). `pen<n>` sets only
+`place_new_prefixes` (the strategy places prompts nobody holds), `offpath` sets
+`tokenize_new_prompts: off_path`. `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
 
@@ -109,3 +110,14 @@ register_stack(
     "continuum-kv-precise-hashnew",
     KvStack("continuum-kv-precise-hashnew", "memory", "precise", "blocks", cost=(("place_new_prefixes", False),)),
 )
+
+# Requests too little of which is remembered go at once with approximate keys and are tokenized
+# afterwards, instead of asking /tokenize on their path (tokenize_new_prompts: off_path).
+for _replicas, _suffix in ((1, ""), (3, "-x3")):
+    _name = f"continuum-kv-precise{_suffix}-offpath"
+    register_stack(
+        _name,
+        KvStack(
+            _name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_new_prompts", "off_path"),)
+        ),
+    )

@@ -222,6 +222,14 @@ class MatchGroup(Section):
     # The smallest remembered part (in tokens) a request is matched with; a request that shares
     # less with anything known asks on its path.
     tokenize_memory_min_tokens: int = Field(512, ge=0, le=1_000_000)
+    # A request of which less than that is remembered (a new document, a new conversation
+    # under a short system prompt, a one-off completion). `on_path`: it asks /tokenize before
+    # it is routed, which also finds what the engines hold of it from traffic this router did
+    # not route (other clients; what was cached before the route history's reach), at one
+    # round trip on every such request. `off_path`: it is routed at once, matched as in
+    # approximate mode against what was routed recently (a burst of one new prompt stays
+    # together), and tokenized off its path once it has been answered, for what follows it.
+    tokenize_new_prompts: Literal["on_path", "off_path"] = "on_path"
     approximate: ApproximateMatching = ApproximateMatching()
 
     @model_validator(mode="after")

@@ -53,7 +53,9 @@ class KvScorerMetrics:
             "continuum_kv_remote_tokenize",
             "Precise requests without a local tokenizer, by how their tokens were found (request: a"
             " /tokenize call on the request's path; known, known_prefix: remembered by conversation"
-            " prefix, no call), and off-path /tokenize calls (background, background_skipped,"
+            " prefix, no call; new: too little remembered, routed with approximate keys and"
+            " tokenized afterwards, tokenize_new_prompts off_path), and off-path /tokenize calls"
+            " (background, background_skipped,"
             " background_failed), and tokenizations another ingress replica shared (shared)",
             ["group", "how"],
             registry=r,

@@ -24,7 +24,10 @@ many requests share their first messages (a system prompt, a document).
 * A known part under the group's `tokenize_memory_min_tokens` is not used: such a request is
   asked on its path.
 * Only a request with nothing close known asks on its path; a chat request's messages without
-  the last one are then tokenized off the path too (what its siblings will share).
+  the last one are then tokenized off the path too (what its siblings will share). With the
+  group's `tokenize_new_prompts: off_path` it does not: it is routed at once with approximate
+  keys (kv/chunks.py, recorded in the group's fallback memory, so a burst of one new prompt
+  stays together) and tokenized off the path once answered, as above.
 * Every answer remembered is also offered to the other ingress replicas (`share`, set by the
   KV component: digests and block hashes over NATS, continuum_common.wire.decisions), and what
   they learnt is remembered here (`apply_shared`), so N replicas ask as often as one; a process
@@ -40,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -78,6 +82,9 @@ class _Lesson:
     nbytes: int
     messages: list[dict[str, Any]] | None = None
     generation: bool = True
+    # A request routed with approximate keys (`off_path`): what it teaches is also recorded as
+    # held where it went, as a request matched precisely is when it is routed (kv/selector.py).
+    record: bool = False
 
 
 class RemoteTokens:
@@ -93,6 +100,7 @@ class RemoteTokens:
         max_blocks: int,
         max_background: int = MAX_BACKGROUND,
         replica: str = "",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         assert group.config is not None and group.hasher is not None
         self.group = group
@@ -102,6 +110,8 @@ class RemoteTokens:
         self.bs = float(group.block_size)
         # A known part shorter than this is not used (the request is asked on its path).
         self.min_tokens = group.config.tokenize_memory_min_tokens
+        # Less than that remembered: routed at once with approximate keys, tokenized afterwards.
+        self.off_path = group.config.tokenize_new_prompts == "off_path"
         self.known = KnownPrefixes(max_blocks) if max_blocks > 0 else None
         self.texts = KnownTexts(max_blocks) if max_blocks > 0 else None
         self.max_background = max_background
@@ -111,6 +121,7 @@ class RemoteTokens:
         # set once NATS is connected: what this replica learns, offered to the others
         self.share: Callable[[Tokenized], None] | None = None
         self.replica = replica
+        self.clock = clock
 
     async def keys(self, state: RequestState, client: Upstream) -> RequestKeys:
         """The request's keys (raises TokenizeFailed when a call on the path fails)."""
@@ -133,6 +144,8 @@ class RemoteTokens:
                 self._follow_up(client, state, messages, _Lesson(key, partial(self._remember_chat, key), sum(sizes)))
                 estimate = known.tokens + sum(sizes[k:]) * known.tokens / max(1, known.nbytes)
                 return RequestKeys("precise", known.chain[:-1].tolist(), self.bs, max(1, round(estimate)))
+        if self.off_path:
+            return self._new_chat(client, state, messages, digests, sizes)
         keys = await self._asked(state, client)
         self._remember_chat(digests[n - 1], Known(array("Q", keys.chain), keys.prompt_tokens, sum(sizes)))
         if n >= 2 and digests[n - 2] not in self.known:
@@ -163,9 +176,38 @@ class RemoteTokens:
                 self._background(client, state, _Lesson(key, partial(self._remember_text, data), len(data)), after=True)
                 estimate = (len(data) - _HEAD) * per_byte
                 return RequestKeys("precise", known.chain[:blocks].tolist(), self.bs, max(1, round(estimate)))
+        if self.off_path:
+            self.count(self.group.name, "new")
+            lesson = _Lesson(text_digest(data), partial(self._remember_text, data), len(data), record=True)
+            self._background(client, state, lesson, after=True)
+            return self.group.approximate_keys(state)
         keys = await self._asked(state, client)
         self._remember_text(data, Known(array("Q", keys.chain), keys.prompt_tokens, len(data)))
         return keys
+
+    def _new_chat(
+        self,
+        client: Upstream,
+        state: RequestState,
+        messages: list[dict[str, Any]],
+        digests: list[bytes],
+        sizes: list[int],
+    ) -> RequestKeys:
+        """`off_path`: a chat request too little of which is remembered goes with approximate
+        keys; its messages (with its answer when it can be read) and, for its siblings, all but
+        its last message are tokenized once it has been answered (during its prefill a call
+        would delay its first token)."""
+        assert self.known is not None
+        self.count(self.group.name, "new")
+        n = len(messages)
+        own = _Lesson(digests[n - 1], partial(self._remember_chat, digests[n - 1]), sum(sizes), record=True)
+        if n >= 2 and digests[n - 2] not in self.known:
+            key = digests[n - 2]
+            remember = partial(self._remember_chat, key)
+            lesson = _Lesson(key, remember, sum(sizes[:-1]), messages[:-1], generation=False, record=True)
+            self._background(client, state, lesson, after=True)
+        self._follow_up(client, state, messages, own)
+        return self.group.approximate_keys(state)
 
     async def _asked(self, state: RequestState, client: Upstream) -> RequestKeys:
         """Keys from a call on the request's path."""
@@ -233,6 +275,8 @@ class RemoteTokens:
             self._pending.discard(lesson.key)
         self.count(self.group.name, "background")
         lesson.remember(Known(array("Q", keys.chain), len(tokens), lesson.nbytes))
+        if lesson.record and state.backend is not None:
+            self.group.memory.record(state.backend, keys.chain, self.clock())
 
     # -- the next turn: this one's messages and its answer ------------------------------------
     def _follow_up(
@@ -274,7 +318,8 @@ class RemoteTokens:
         key = digests[-1]
         if self.known is not None and key not in self.known:
             remember = partial(self._remember_answer, key, own.key if own is not None else None, sum(sizes[:-1]))
-            self._background(client, state, _Lesson(key, remember, sum(sizes), answered, generation=False))
+            record = own is not None and own.record
+            self._background(client, state, _Lesson(key, remember, sum(sizes), answered, False, record))
 
     def _remember_answer(self, key: bytes, own: bytes | None, own_nbytes: int, known: Known) -> None:
         """A conversation with its answer, and (`own`, when not known yet) the conversation

@@ -129,6 +129,7 @@ class KvSelector:
                 lambda group, how: metrics.remote_tokenize.labels(group, how).inc(),
                 max_blocks=g.config.tokenize_memory_blocks,
                 replica=replica,
+                clock=clock,
             )
             for g in self.groups.values()
             if g.mode == "precise" and g.encoder is None and g.config is not None and g.hasher is not None
