@@ -11,12 +11,11 @@ import asyncio
 import httpx
 
 from continuum_common.procs import NatsServer
-from continuum_ingress.kv.known_prefixes import conversation_digests
 from tests.integration.test_kv_remote_tokenize import (
     SYSTEM,
     ask,
+    assert_learnt,
     complete,
-    engine_chain,
     eventually,
     how,
     remote_text_key,
@@ -49,12 +48,7 @@ async def test_a_new_conversation_goes_at_once_and_is_learnt_after_its_answer(na
         # the path, are the engine's own block hashes
         await eventually(lambda: how(ing, "background") == 3)
         assert how(ing, "answer") == 2 and how(ing, "background_failed") == 0
-        known = ing.app.kv.selector.remote["fleet"].known  # type: ignore[union-attr]
-        assert known is not None
-        digests, _ = conversation_digests({"model": model}, model, [SYSTEM])
-        found = known.find(digests)
-        assert found is not None
-        assert found[1].chain.tolist() == await engine_chain(fleet, [SYSTEM], generation=False)
+        await assert_learnt(ing, fleet, [SYSTEM])
 
         # what follows is matched precisely, still without a call on its path
         third = [SYSTEM, {"role": "user", "content": "What about the outlook?"}]

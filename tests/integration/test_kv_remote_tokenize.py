@@ -89,6 +89,18 @@ async def engine_chain(fleet: SimFleet, messages: list[dict[str, str]], generati
     return [hasher.wire(d) for d in hasher.chain(tokens)]
 
 
+async def assert_learnt(ing: RunningIngress, fleet: SimFleet, messages: list[dict[str, str]]) -> None:
+    """What the ingress remembers for `messages` (without a generation prompt) is the engine's
+    own block hashes."""
+    model = fleet.endpoints[0].model
+    known = ing.app.kv.selector.remote["fleet"].known  # type: ignore[union-attr]
+    assert known is not None
+    digests, _ = conversation_digests({"model": model}, model, messages)
+    found = known.find(digests)
+    assert found is not None
+    assert found[1].chain.tolist() == await engine_chain(fleet, messages, generation=False)
+
+
 async def test_siblings_and_next_turns_are_matched_without_a_call_on_their_path(nats_server: NatsServer) -> None:
     async with stack(nats_server.url) as (fleet, ing, client):
         model = fleet.endpoints[0].model
@@ -99,13 +111,9 @@ async def test_siblings_and_next_turns_are_matched_without_a_call_on_their_path(
         # answered, the request with its answer (what its next turn starts with)
         await eventually(lambda: how(ing, "background") == 2)
         assert how(ing, "answer") == 1
-        selector = ing.app.kv.selector  # type: ignore[union-attr]
-        known = selector.remote["fleet"].known
+        await assert_learnt(ing, fleet, [SYSTEM])
+        known = ing.app.kv.selector.remote["fleet"].known  # type: ignore[union-attr]
         assert known is not None
-        digests, _ = conversation_digests({"model": model}, model, [SYSTEM])
-        found = known.find(digests)
-        assert found is not None
-        assert found[1].chain.tolist() == await engine_chain(fleet, [SYSTEM], generation=False)
 
         # a sibling (same system prompt, another question): no call on its path, same engine
         # (RoundRobin would have sent it to the other one), its answer learnt off the path
