@@ -12,7 +12,7 @@ from tokenizers import Tokenizer as HfTokenizer
 
 from continuum_bench import compare
 from continuum_bench.fleet import cli as fleet_cli
-from continuum_bench.fleet.continuum import STACKS, KvStack, kv_index_config, listener_config
+from continuum_bench.fleet.continuum import STACKS, KvStack, bus_dir, kv_index_config, listener_config
 from continuum_bench.fleet.driver import RequestResult
 from continuum_bench.fleet.harness import ROUTERS, FleetContext, router_urls
 from continuum_bench.fleet.runner import FleetBenchOptions, build_workload, engine_configs, restart_summary, router_list
@@ -145,6 +145,15 @@ def test_kv_router_configs_validate_against_the_schema(name: str, stack: KvStack
     bare = name.endswith("-bare")  # the single-replica features switched off, for measuring their cost
     assert (index.learn_answers, index.share_decisions) == (not bare, not bare)
     assert config.shared_load().enabled is not bare
+
+
+def test_every_run_of_a_kv_stack_starts_with_its_own_bus_store(tmp_path: Path) -> None:
+    ctx, stack = _ctx(tmp_path), dict(STACKS)["continuum-kv-precise"]
+    ctx.run = "multi-turn"
+    first = bus_dir(ctx, stack)
+    ctx.run = "shared-prompt"
+    assert bus_dir(ctx, stack) != first  # no route history or KV stream from the workload before
+    assert bus_dir(ctx, dict(STACKS)["continuum-kv-approx"]) != bus_dir(ctx, stack)
 
 
 def test_precise_group_names_the_hf_tokenizer_files(tmp_path: Path) -> None:

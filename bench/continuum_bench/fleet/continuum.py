@@ -183,6 +183,13 @@ def listener_config(ctx: FleetContext, stack: KvStack, nats_url: str, salt_file:
     }
 
 
+def bus_dir(ctx: FleetContext, stack: KvStack) -> Path:
+    """The stack's JetStream store, one per run: each run starts as a fresh deployment, as the
+    peers do, and not with the KV stream and route history of the workload before it (a
+    restart within a run keeps the bus, as a restarted ingress container does)."""
+    return ctx.work_dir / (f"nats-{stack.name}-{ctx.run}" if ctx.run else f"nats-{stack.name}")
+
+
 @contextlib.asynccontextmanager
 async def kv_stack(ctx: FleetContext, stack: KvStack) -> AsyncIterator[list[str]]:
     """nats-server, the KV listener, (Redis + indexer,) and the ingress replica(s) with the KV
@@ -190,7 +197,7 @@ async def kv_stack(ctx: FleetContext, stack: KvStack) -> AsyncIterator[list[str]
     salt = ctx.work_dir / "salt-secret"
     salt.write_text(secrets.token_urlsafe(32))
     async with contextlib.AsyncExitStack() as exits:
-        nats = NatsServer(data_dir=ctx.work_dir / f"nats-{stack.name}")
+        nats = NatsServer(data_dir=bus_dir(ctx, stack))
         await nats.start()
         exits.push_async_callback(nats.close)
         listener = ctx.write_yaml(f"listener-{stack.name}.yaml", listener_config(ctx, stack, nats.url, str(salt)))
