@@ -148,10 +148,7 @@ class RemoteTokens:
             return self._new_chat(client, state, messages, digests, sizes)
         keys = await self._asked(state, client)
         self._remember_chat(digests[n - 1], Known(array("Q", keys.chain), keys.prompt_tokens, sum(sizes)))
-        if n >= 2 and digests[n - 2] not in self.known:
-            key = digests[n - 2]
-            remember = partial(self._remember_chat, key)
-            self._background(client, state, _Lesson(key, remember, sum(sizes[:-1]), messages[:-1], generation=False))
+        self._siblings(client, state, messages, digests, sizes, new=False)
         self._follow_up(client, state, messages, None)
         return keys
 
@@ -197,17 +194,34 @@ class RemoteTokens:
         keys; its messages (with its answer when it can be read) and, for its siblings, all but
         its last message are tokenized once it has been answered (during its prefill a call
         would delay its first token)."""
-        assert self.known is not None
         self.count(self.group.name, "new")
         n = len(messages)
         own = _Lesson(digests[n - 1], partial(self._remember_chat, digests[n - 1]), sum(sizes), record=True)
-        if n >= 2 and digests[n - 2] not in self.known:
-            key = digests[n - 2]
-            remember = partial(self._remember_chat, key)
-            lesson = _Lesson(key, remember, sum(sizes[:-1]), messages[:-1], generation=False, record=True)
-            self._background(client, state, lesson, after=True)
+        self._siblings(client, state, messages, digests, sizes, new=True)
         self._follow_up(client, state, messages, own)
         return self.group.approximate_keys(state)
+
+    def _siblings(
+        self,
+        client: Upstream,
+        state: RequestState,
+        messages: list[dict[str, Any]],
+        digests: list[bytes],
+        sizes: list[int],
+        *,
+        new: bool,
+    ) -> None:
+        """Learn the request without its last message (what its siblings share), when unknown:
+        at once after a call on the path; for a `new` request, once it has been answered, and
+        recorded as held where it went."""
+        n = len(messages)
+        if n < 2 or self.known is None or digests[n - 2] in self.known:
+            return
+        key = digests[n - 2]
+        lesson = _Lesson(
+            key, partial(self._remember_chat, key), sum(sizes[:-1]), messages[:-1], generation=False, record=new
+        )
+        self._background(client, state, lesson, after=new)
 
     async def _asked(self, state: RequestState, client: Upstream) -> RequestKeys:
         """Keys from a call on the request's path."""
