@@ -6,7 +6,7 @@ turns off the placement of conversation starts, `noload` the shared load view be
 the remembered tokenizations (`tokenize_memory_blocks: 0`), `known<n>` sets the smallest
 remembered part used (`tokenize_memory_min_tokens`), `tol<δ>` `placement_tolerance`, `hashnew` turns off
 `place_new_prefixes` (the strategy places prompts nobody holds), `offpath` sets
-`tokenize_new_prompts: off_path`. `pen<n>` sets only
+`tokenize_new_prompts: off_path`, `wait<ms>` `tokenize_wait_ms`. `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
 
@@ -121,3 +121,12 @@ for _replicas, _suffix in ((1, ""), (3, "-x3")):
             _name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_new_prompts", "off_path"),)
         ),
     )
+
+# Requests that ask /tokenize on their path wait at most this long for it (tokenize_wait_ms).
+for _wait in (0, 5, 10, 20, 50):
+    for _replicas, _suffix in ((1, ""), (3, "-x3")):
+        _name = f"continuum-kv-precise{_suffix}-wait{_wait}"
+        register_stack(
+            _name,
+            KvStack(_name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_wait_ms", _wait),)),
+        )

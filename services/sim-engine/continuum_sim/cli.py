@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     tm = p.add_argument_group("timing (simulated seconds)")
     tm.add_argument("--time-scale", type=float, default=t.time_scale, help="real seconds per simulated second")
     tm.add_argument("--request-overhead-s", type=float, default=t.request_overhead_s)
+    tm.add_argument("--tokenize-s", type=float, default=t.tokenize_s, help="time /tokenize takes to answer")
     tm.add_argument("--prefill-s-per-token", type=float, default=t.prefill_s_per_token)
     tm.add_argument("--decode-base-s", type=float, default=t.decode_base_s)
     tm.add_argument("--decode-s-per-seq", type=float, default=t.decode_s_per_seq)
@@ -111,6 +112,7 @@ def configs_from_args(args: argparse.Namespace) -> list[EngineConfig]:
     timing = TimingConfig(
         time_scale=args.time_scale,
         request_overhead_s=args.request_overhead_s,
+        tokenize_s=args.tokenize_s,
         prefill_s_per_token=args.prefill_s_per_token,
         decode_base_s=args.decode_base_s,
         decode_s_per_seq=args.decode_s_per_seq,

@@ -230,6 +230,11 @@ class MatchGroup(Section):
     # approximate mode against what was routed recently (a burst of one new prompt stays
     # together), and tokenized off its path once it has been answered, for what follows it.
     tokenize_new_prompts: Literal["on_path", "off_path"] = "on_path"
+    # `on_path`: how long such a request waits for /tokenize before it goes on as an `off_path`
+    # one would (approximate keys); the call then finishes off its path and what it answers is
+    # remembered and recorded as held where the request went. None: it waits up to
+    # `tokenize_timeout_ms` (and past that is matched approximately, the call abandoned).
+    tokenize_wait_ms: int | None = Field(None, ge=0, le=60_000)
     approximate: ApproximateMatching = ApproximateMatching()
 
     @model_validator(mode="after")

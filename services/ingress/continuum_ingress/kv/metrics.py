@@ -54,7 +54,9 @@ class KvScorerMetrics:
             "Precise requests without a local tokenizer, by how their tokens were found (request: a"
             " /tokenize call on the request's path; known, known_prefix: remembered by conversation"
             " prefix, no call; new: too little remembered, routed with approximate keys and"
-            " tokenized afterwards, tokenize_new_prompts off_path), and off-path /tokenize calls"
+            " tokenized afterwards, tokenize_new_prompts off_path; late: the call on the path outlasted"
+            " tokenize_wait_ms, routed with approximate keys, the call finishing off the path as"
+            " late_answered or late_failed), and off-path /tokenize calls"
             " (background, background_skipped,"
             " background_failed), and tokenizations another ingress replica shared (shared)",
             ["group", "how"],

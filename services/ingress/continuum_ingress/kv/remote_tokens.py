@@ -71,6 +71,10 @@ TEXT_MARGIN = 0.9  # of the estimated tokens in the shared text, the part matche
 _HEAD = 16  # bytes of context digest before a completion prompt's text
 
 
+def _known(keys: RequestKeys, nbytes: int) -> Known:
+    return Known(array("Q", keys.chain), keys.prompt_tokens, nbytes)
+
+
 @dataclass(frozen=True, slots=True)
 class _Lesson:
     """One off-path tokenization: what to ask (`messages` instead of the request's own, if
@@ -112,10 +116,14 @@ class RemoteTokens:
         self.min_tokens = group.config.tokenize_memory_min_tokens
         # Less than that remembered: routed at once with approximate keys, tokenized afterwards.
         self.off_path = group.config.tokenize_new_prompts == "off_path"
+        # On the path, wait at most this long for the answer (None: up to the call's timeout).
+        wait_ms = group.config.tokenize_wait_ms
+        self.wait_s = None if wait_ms is None else wait_ms / 1000
         self.known = KnownPrefixes(max_blocks) if max_blocks > 0 else None
         self.texts = KnownTexts(max_blocks) if max_blocks > 0 else None
         self.max_background = max_background
         self._tasks: set[asyncio.Task[None]] = set()
+        self._late: set[asyncio.Task[None]] = set()  # calls that outlived their request's wait
         self._pending: set[bytes] = set()
         self._closed = False
         # set once NATS is connected: what this replica learns, offered to the others
@@ -146,8 +154,10 @@ class RemoteTokens:
                 return RequestKeys("precise", known.chain[:-1].tolist(), self.bs, max(1, round(estimate)))
         if self.off_path:
             return self._new_chat(client, state, messages, digests, sizes)
-        keys = await self._asked(state, client)
-        self._remember_chat(digests[n - 1], Known(array("Q", keys.chain), keys.prompt_tokens, sum(sizes)))
+        remember = partial(self._remember_chat, digests[n - 1])
+        keys = await self._asked(state, client, lambda k: remember(_known(k, sum(sizes))))
+        if keys.mode == "precise":
+            remember(_known(keys, sum(sizes)))
         self._siblings(client, state, messages, digests, sizes, new=False)
         self._follow_up(client, state, messages, None)
         return keys
@@ -178,8 +188,9 @@ class RemoteTokens:
             lesson = _Lesson(text_digest(data), partial(self._remember_text, data), len(data), record=True)
             self._background(client, state, lesson, after=True)
             return self.group.approximate_keys(state)
-        keys = await self._asked(state, client)
-        self._remember_text(data, Known(array("Q", keys.chain), keys.prompt_tokens, len(data)))
+        keys = await self._asked(state, client, lambda k: self._remember_text(data, _known(k, len(data))))
+        if keys.mode == "precise":
+            self._remember_text(data, _known(keys, len(data)))
         return keys
 
     def _new_chat(
@@ -223,11 +234,50 @@ class RemoteTokens:
         )
         self._background(client, state, lesson, after=new)
 
-    async def _asked(self, state: RequestState, client: Upstream) -> RequestKeys:
-        """Keys from a call on the request's path."""
-        tokens = await self._call(client, state)
+    async def _asked(
+        self, state: RequestState, client: Upstream, remember: Callable[[RequestKeys], None] | None = None
+    ) -> RequestKeys:
+        """Keys from a call on the request's path. A call that outlasts the group's
+        `tokenize_wait_ms` is left to finish off the path (`late`): the request goes on with
+        approximate keys, as a new prompt off the path does."""
+        if self.wait_s is None:
+            tokens = await self._call(client, state)
+        else:
+            call = asyncio.ensure_future(self._call(client, state))
+            try:
+                done, _ = await asyncio.wait((call,), timeout=self.wait_s)
+            except asyncio.CancelledError:  # the request went away: so does its call
+                call.cancel()
+                raise
+            if not done:
+                self.count(self.group.name, "late")
+                task = asyncio.get_running_loop().create_task(self._late_answer(call, state, remember))
+                self._late.add(task)
+                task.add_done_callback(self._late.discard)
+                return self.group.approximate_keys(state)
+            tokens = call.result()  # TokenizeFailed: the caller falls back
         self.count(self.group.name, "request")
         return self.group.keys_from_tokens(state, tokens)
+
+    async def _late_answer(
+        self, call: asyncio.Future[list[int]], state: RequestState, remember: Callable[[RequestKeys], None] | None
+    ) -> None:
+        """A late call's answer: remembered (`remember`), and recorded as held where its request
+        went (a speculative entry, as a precisely matched request's is when it is routed)."""
+        try:
+            keys = self.group.keys_from_tokens(state, await call)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        except Exception as exc:  # TokenizeFailed, or anything unexpected: counted, never raised
+            log.debug("late tokenize for group %s failed: %s", self.group.name, type(exc).__name__)
+            self.count(self.group.name, "late_failed")
+            return
+        self.count(self.group.name, "late_answered")
+        if remember is not None:
+            remember(keys)
+        if state.backend is not None:
+            self.group.memory.record(state.backend, keys.chain, self.clock())
 
     def _call(
         self,
@@ -391,12 +441,12 @@ class RemoteTokens:
 
     async def settle(self) -> None:
         """Wait for the off-path calls in flight (they are bounded by the call timeout)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        while self._tasks or self._late:
+            await asyncio.gather(*self._tasks, *self._late, return_exceptions=True)
 
     async def aclose(self) -> None:
         self._closed = True
-        tasks = list(self._tasks)
+        tasks = [*self._tasks, *self._late]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

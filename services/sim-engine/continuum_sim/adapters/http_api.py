@@ -298,6 +298,9 @@ class EngineApi:
         if body.get("model") is not None:
             resolve_model(body, self.served)
         req = tokenize_request(body)
+        timing = self.engine.config.timing
+        if timing.tokenize_s > 0:  # a busy API server answers late; the engine serves on meanwhile
+            await asyncio.sleep(timing.tokenize_s * timing.time_scale)
         if req.messages is not None:
             text = self.codec.render_chat(
                 req.messages,

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 class TimingConfig:
     time_scale: float = 1.0  # real seconds per simulated second (0.01 = 100x faster)
     request_overhead_s: float = 0.010  # API server, tokenization, detokenization
+    # How long `/tokenize` takes to answer (a busy API server); 0 answers at once.
+    tokenize_s: float = 0.0
     prefill_s_per_token: float = 4.0e-5  # ~25k prompt tokens/s
     decode_base_s: float = 0.006  # 16 GB of weights at ~3 TB/s per forward pass
     decode_s_per_seq: float = 2.5e-5  # per decoding sequence per iteration
@@ -27,7 +29,7 @@ class TimingConfig:
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
             raise ValueError("time_scale must be > 0")
-        for name in ("request_overhead_s", "prefill_s_per_token", "decode_base_s", "decode_s_per_seq"):
+        for name in ("request_overhead_s", "tokenize_s", "prefill_s_per_token", "decode_base_s", "decode_s_per_seq"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
 
