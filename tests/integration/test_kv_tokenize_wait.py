@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import pytest
 
 from continuum_common.procs import NatsServer
 from continuum_ingress.kv.known_prefixes import conversation_digests
@@ -28,19 +29,23 @@ async def slow_tokenize_stack(
 ) -> AsyncIterator[tuple[SimFleet, RunningIngress, httpx.AsyncClient]]:
     """Two engines whose `/tokenize` answers after `tokenize_s` real seconds."""
     engine = EngineConfig(timing=TimingConfig(tokenize_s=tokenize_s))
-    async with SimFleet(2, config=engine, time_scale=1.0) as fleet:
-        async with running_ingress(config(fleet, nats_url, **group)) as ing:
-            assert ing.app.kv is not None
-            async with asyncio.timeout(10):
-                await ing.app.kv.ready.wait()
-            async with httpx.AsyncClient(base_url=ing.url, timeout=10) as client:
-                yield fleet, ing, client
+    async with (
+        SimFleet(2, config=engine, time_scale=1.0) as fleet,
+        running_ingress(config(fleet, nats_url, **group)) as ing,
+    ):
+        assert ing.app.kv is not None
+        async with asyncio.timeout(10):
+            await ing.app.kv.ready.wait()
+        async with httpx.AsyncClient(base_url=ing.url, timeout=10) as client:
+            yield fleet, ing, client
 
 
 async def test_a_late_tokenize_answer_does_not_hold_the_request(nats_server: NatsServer) -> None:
-    async with slow_tokenize_stack(
-        nats_server.url, 3.0, tokenize_wait_ms=20, tokenize_timeout_ms=8000
-    ) as (fleet, ing, client):
+    async with slow_tokenize_stack(nats_server.url, 3.0, tokenize_wait_ms=20, tokenize_timeout_ms=8000) as (
+        fleet,
+        ing,
+        client,
+    ):
         model = fleet.endpoints[0].model
         home = await ask(client, model, QUESTION)
         # answered while its /tokenize call was still running (the engine takes 3 s to answer it)
@@ -66,21 +71,30 @@ async def test_a_late_tokenize_answer_does_not_hold_the_request(nats_server: Nat
 
 
 async def test_an_answer_within_the_wait_is_used_on_the_path(nats_server: NatsServer) -> None:
+    # text the engine's tokenizer cuts into many short tokens (2 bytes each, not the usual 4)
+    dense = [{"role": "system", "content": "a b c d e f g h " * 80}, {"role": "user", "content": "Why?"}]
     async with slow_tokenize_stack(nats_server.url, 0.0, tokenize_wait_ms=5000) as (fleet, ing, client):
         model = fleet.endpoints[0].model
-        await ask(client, model, QUESTION)
+        await ask(client, model, dense)
         assert how(ing, "request") == 1 and how(ing, "late") == 0
         remote = ing.app.kv.selector.remote["fleet"]  # type: ignore[union-attr]
         assert remote.known is not None
-        digests, _ = conversation_digests({"model": model}, model, QUESTION)
+        digests, _ = conversation_digests({"model": model}, model, dense)
         found = remote.known.find(digests)
-        assert found is not None and found[1].chain.tolist() == await engine_chain(fleet, QUESTION, generation=True)
+        assert found is not None and found[1].chain.tolist() == await engine_chain(fleet, dense, generation=True)
+        # the answer also measured the engine's bytes per token: requests matched approximately
+        # are estimated with it from now on, not with the configured 4
+        group = ing.app.kv.selector.groups["fleet"]  # type: ignore[union-attr]
+        assert group.bytes_per_token == pytest.approx(found[1].nbytes / found[1].tokens, rel=0.15)
+        assert group.bytes_per_token < 3.0
 
 
 async def test_a_late_call_that_fails_is_counted_and_the_request_served(nats_server: NatsServer) -> None:
-    async with slow_tokenize_stack(
-        nats_server.url, 2.0, tokenize_wait_ms=20, tokenize_timeout_ms=300
-    ) as (fleet, ing, client):
+    async with slow_tokenize_stack(nats_server.url, 2.0, tokenize_wait_ms=20, tokenize_timeout_ms=300) as (
+        fleet,
+        ing,
+        client,
+    ):
         model = fleet.endpoints[0].model
         completion = {"model": model, "prompt": "A one-off prompt about the weather. " * 60, "max_tokens": 4}
         r = await client.post("/v1/completions", json=completion)

@@ -39,6 +39,13 @@ PROMPT_CACHE_BYTES = 256 << 20
 FallbackReason = Literal["tokenizer_error", "tokenize_failed", "disabled"]
 
 
+# Measured bytes per token: each answer's weight decays by this per later answer (about the
+# last hundred count), and the ratio stays within these bounds whatever an engine answers.
+MEASURE_DECAY = 0.99
+MIN_BYTES_PER_TOKEN = 0.5
+MAX_BYTES_PER_TOKEN = 32.0
+
+
 @dataclass(frozen=True, slots=True)
 class RequestKeys:
     """What the scorer looks up for one request in one group."""
@@ -60,6 +67,12 @@ class GroupRuntime:
         self.approx: ApproximateMatching = group.approximate if group is not None else section.approximate
         self.block_size = group.block_size if group is not None else 16
         self.chunk_tokens = self.approx.chunk_bytes / self.approx.bytes_per_token
+        # Bytes per token of approximate estimates: the configured value until the engines' own
+        # /tokenize answers measure it (a precise group without a local tokenizer, whose new
+        # prompts are matched approximately; code or non-English text is far from 4).
+        self.bytes_per_token = self.approx.bytes_per_token
+        self._seen_bytes = 0.0
+        self._seen_tokens = 0.0
         self.learn_answers = section.learn_answers
         self.hasher: BlockHasher | None = None
         self.tokenizer: LocalTokenizer | None = None
@@ -108,11 +121,20 @@ class GroupRuntime:
 
     # ---- keys --------------------------------------------------------------------------------
 
+    def measured(self, nbytes: int, tokens: int) -> None:
+        """An engine tokenized `nbytes` bytes of requests into `tokens` tokens: approximate
+        estimates follow the decayed ratio (recent answers weigh most, one odd request little)."""
+        if nbytes <= 0 or tokens <= 0:
+            return
+        self._seen_bytes = self._seen_bytes * MEASURE_DECAY + nbytes
+        self._seen_tokens = self._seen_tokens * MEASURE_DECAY + tokens
+        self.bytes_per_token = min(MAX_BYTES_PER_TOKEN, max(MIN_BYTES_PER_TOKEN, self._seen_bytes / self._seen_tokens))
+
     def approximate_keys(self, state: RequestState, fallback: FallbackReason | None = None) -> RequestKeys:
         data = conversation_bytes(state.key_api, state.key_body)
         chain = chunk_chain(data, self.approx.chunk_bytes)
-        prompt = max(1, round(len(data) / self.approx.bytes_per_token))
-        return RequestKeys("approximate", chain, self.chunk_tokens, prompt, fallback)
+        prompt = max(1, round(len(data) / self.bytes_per_token))
+        return RequestKeys("approximate", chain, self.approx.chunk_bytes / self.bytes_per_token, prompt, fallback)
 
     def prefix_key_keys(self, state: RequestState) -> RequestKeys:
         """No chain (the prefix-key index is read by the prefix key); the prompt estimated."""

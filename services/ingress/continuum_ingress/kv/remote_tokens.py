@@ -401,12 +401,14 @@ class RemoteTokens:
 
     # -- remembering, here and on the other replicas ----------------------------------------
     def _remember_chat(self, digest: bytes, known: Known) -> None:
+        self.group.measured(known.nbytes, known.tokens)
         if self.known is None:
             return
         self.known.put(digest, known)
         self._offer(KIND_CHAT, digest, known, [])
 
     def _remember_text(self, data: bytes, known: Known) -> None:
+        self.group.measured(known.nbytes, known.tokens)
         if self.texts is None:
             return
         digest, chunks = self.texts.put(data, known)
@@ -425,6 +427,7 @@ class RemoteTokens:
         """What another replica learnt from `/tokenize` (`how`: `shared` live, `restored` from
         the route history): remembered as if asked here."""
         known = Known(array("Q", learnt.chain), learnt.tokens, learnt.nbytes)
+        self.group.measured(known.nbytes, known.tokens)
         if learnt.kind == KIND_CHAT and self.known is not None:
             self.known.put(learnt.digest, known)
         elif learnt.kind == KIND_TEXT and self.texts is not None:
