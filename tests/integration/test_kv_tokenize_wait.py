@@ -41,11 +41,8 @@ async def slow_tokenize_stack(
 
 
 async def test_a_late_tokenize_answer_does_not_hold_the_request(nats_server: NatsServer) -> None:
-    async with slow_tokenize_stack(nats_server.url, 3.0, tokenize_wait_ms=20, tokenize_timeout_ms=8000) as (
-        fleet,
-        ing,
-        client,
-    ):
+    slow = slow_tokenize_stack(nats_server.url, 3.0, tokenize_wait_ms=20, tokenize_timeout_ms=8000)
+    async with slow as (fleet, ing, client):
         model = fleet.endpoints[0].model
         home = await ask(client, model, QUESTION)
         # answered while its /tokenize call was still running (the engine takes 3 s to answer it)
@@ -90,11 +87,8 @@ async def test_an_answer_within_the_wait_is_used_on_the_path(nats_server: NatsSe
 
 
 async def test_a_late_call_that_fails_is_counted_and_the_request_served(nats_server: NatsServer) -> None:
-    async with slow_tokenize_stack(nats_server.url, 2.0, tokenize_wait_ms=20, tokenize_timeout_ms=300) as (
-        fleet,
-        ing,
-        client,
-    ):
+    failing = slow_tokenize_stack(nats_server.url, 2.0, tokenize_wait_ms=20, tokenize_timeout_ms=300)
+    async with failing as (fleet, ing, client):
         model = fleet.endpoints[0].model
         completion = {"model": model, "prompt": "A one-off prompt about the weather. " * 60, "max_tokens": 4}
         r = await client.post("/v1/completions", json=completion)
