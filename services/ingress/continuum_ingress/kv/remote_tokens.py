@@ -27,7 +27,10 @@ many requests share their first messages (a system prompt, a document).
   the last one are then tokenized off the path too (what its siblings will share). With the
   group's `tokenize_new_prompts: off_path` it does not: it is routed at once with approximate
   keys (kv/chunks.py, recorded in the group's fallback memory, so a burst of one new prompt
-  stays together) and tokenized off the path once answered, as above.
+  stays together) and tokenized off the path once answered, as above. With the group's
+  `tokenize_wait_ms`, a call on the path is waited for at most that long: past it the request
+  goes on as an `off_path` one would, and the call finishes off its path (`late`), its answer
+  remembered and recorded as held where the request went.
 * Every answer remembered is also offered to the other ingress replicas (`share`, set by the
   KV component: digests and block hashes over NATS, continuum_common.wire.decisions), and what
   they learnt is remembered here (`apply_shared`), so N replicas ask as often as one; a process
