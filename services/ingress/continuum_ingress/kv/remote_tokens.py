@@ -157,10 +157,7 @@ class RemoteTokens:
                 return RequestKeys("precise", known.chain[:-1].tolist(), self.bs, max(1, round(estimate)))
         if self.off_path:
             return self._new_chat(client, state, messages, digests, sizes)
-        remember = partial(self._remember_chat, digests[n - 1])
-        keys = await self._asked(state, client, lambda k: remember(_known(k, sum(sizes))))
-        if keys.mode == "precise":
-            remember(_known(keys, sum(sizes)))
+        keys = await self._asked(state, client, lambda k: self._remember_chat(digests[n - 1], _known(k, sum(sizes))))
         self._siblings(client, state, messages, digests, sizes, new=False)
         self._follow_up(client, state, messages, None)
         return keys
@@ -191,10 +188,7 @@ class RemoteTokens:
             lesson = _Lesson(text_digest(data), partial(self._remember_text, data), len(data), record=True)
             self._background(client, state, lesson, after=True)
             return self.group.approximate_keys(state)
-        keys = await self._asked(state, client, lambda k: self._remember_text(data, _known(k, len(data))))
-        if keys.mode == "precise":
-            self._remember_text(data, _known(keys, len(data)))
-        return keys
+        return await self._asked(state, client, lambda k: self._remember_text(data, _known(k, len(data))))
 
     def _new_chat(
         self,
@@ -240,9 +234,9 @@ class RemoteTokens:
     async def _asked(
         self, state: RequestState, client: Upstream, remember: Callable[[RequestKeys], None] | None = None
     ) -> RequestKeys:
-        """Keys from a call on the request's path. A call that outlasts the group's
-        `tokenize_wait_ms` is left to finish off the path (`late`): the request goes on with
-        approximate keys, as a new prompt off the path does."""
+        """Keys from a call on the request's path, given to `remember` once answered. A call
+        that outlasts the group's `tokenize_wait_ms` is left to finish off the path (`late`):
+        the request goes on with approximate keys, as a new prompt off the path does."""
         if self.wait_s is None:
             tokens = await self._call(client, state)
         else:
@@ -260,7 +254,10 @@ class RemoteTokens:
                 return self.group.approximate_keys(state)
             tokens = call.result()  # TokenizeFailed: the caller falls back
         self.count(self.group.name, "request")
-        return self.group.keys_from_tokens(state, tokens)
+        keys = self.group.keys_from_tokens(state, tokens)
+        if remember is not None:
+            remember(keys)
+        return keys
 
     async def _late_answer(
         self, call: asyncio.Future[list[int]], state: RequestState, remember: Callable[[RequestKeys], None] | None
