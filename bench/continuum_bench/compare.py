@@ -73,7 +73,14 @@ from continuum_bench.fleet.harness import (
 )
 from continuum_bench.fleet.report import markdown_row
 from continuum_bench.fleet.responses_form import API_FORMS
-from continuum_bench.fleet.runner import WORKLOADS, FleetBenchOptions, engine_configs, report_and_print, run_fleet_bench
+from continuum_bench.fleet.runner import (
+    WORKLOADS,
+    FleetBenchOptions,
+    engine_configs,
+    fleet_process,
+    report_and_print,
+    run_fleet_bench,
+)
 from continuum_bench.fleet.tap import EngineTap
 from continuum_bench.fleet.tokens import TOKENIZER_CHOICES, train_hf_tokenizer
 from continuum_sim import SimFleet
@@ -105,7 +112,7 @@ async def compare(
         raise ValueError("--tokenizer hf: train the tokenizer first (continuum_bench.fleet.tokens.train_hf_tokenizer)")
     reports: list[dict[str, Any]] = []
     await asyncio.to_thread(work_dir.mkdir, parents=True, exist_ok=True)
-    async with SimFleet(configs=engine_configs(base), process=not base.in_process) as fleet:
+    async with SimFleet(configs=engine_configs(base), process=fleet_process(base)) as fleet:
         info = work_dir / "fleet.json"
         fleet.write_info(info)
         async with _tapped(fleet, count_engine_calls) as tap:
@@ -278,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
         "precise match group all use it",
     )  # fmt: skip
     e.add_argument("--in-process", action="store_true", help="engines in this process (default: a child process)")
+    e.add_argument(
+        "--engine-processes", choices=("one", "each"), default="one",
+        help="one: all engines in one child process (the default, as earlier runs); each: a process per engine, "
+        "as real engines each have their own API server (a slow /tokenize on one no longer delays the others)",
+    )  # fmt: skip
     w = p.add_argument_group("workloads")
     w.add_argument("--requests", type=int, help="shared-prompt: requests; trace: max lines")
     w.add_argument(
@@ -313,7 +325,7 @@ def options(args: argparse.Namespace, argv: Sequence[str]) -> FleetBenchOptions:
         time_scale=args.time_scale, seed=args.seed, requests=args.requests, rate=args.rate,
         output_tokens=args.output_tokens, conversations=args.conversations, system_prompts=args.system_prompts,
         duration=args.duration, trace=args.trace, trace_duration=args.trace_duration, trace_limit=args.trace_limit,
-        trace_start=args.trace_start, out_dir=args.out_dir, in_process=args.in_process, plot=False, progress=sys.stderr.isatty(),
+        trace_start=args.trace_start, out_dir=args.out_dir, in_process=args.in_process, engine_processes=args.engine_processes, plot=False, progress=sys.stderr.isatty(),
         api_form=args.api_form, restart_router_at=args.restart_router_at,
         command="continuum-router bench compare " + shlex.join(argv),
     )  # fmt: skip

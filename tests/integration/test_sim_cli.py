@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
+from continuum_bench.fleet.runner import RssSampler
 from continuum_sim import EngineConfig, SimFleet, TimingConfig
 from continuum_sim.cli import build_parser, configs_from_args
 from continuum_sim.errors import SimConfigError
@@ -30,6 +33,36 @@ async def test_process_fleet_serves_and_can_be_killed() -> None:
             await fleet.kill()
             with pytest.raises(httpx.ConnectError):
                 await http.get(fleet.urls[0] + "/health")
+
+
+async def test_fleet_with_a_process_per_engine(tmp_path: Path) -> None:
+    config = EngineConfig(num_gpu_blocks=2048, max_model_len=2048, timing=TimingConfig(time_scale=0.001))
+    fleet = SimFleet(3, config=config, process="each")
+    async with fleet:
+        assert len(set(fleet.pids)) == 3 and fleet.pid == fleet.pids[0] and fleet.engines == []
+        assert [e.name for e in fleet.endpoints] == ["sim-0", "sim-1", "sim-2"]
+        fleet.write_info(tmp_path / "fleet.json")
+        info = json.loads((tmp_path / "fleet.json").read_text())
+        assert info["pids"] == fleet.pids and info["pid"] == fleet.pids[0] and len(info["engines"]) == 3
+        sampler = RssSampler(fleet.pids)
+        sampler.sample()
+        one = RssSampler(fleet.pids[:1])
+        one.sample()
+        assert sampler.samples[0] > 2 * one.samples[0]  # the sum over three processes of about one size
+        async with httpx.AsyncClient(timeout=10) as http:
+            for endpoint in fleet.endpoints:
+                resp = await http.post(
+                    endpoint.openai_base_url + "/completions", json={"prompt": "hi", "max_tokens": 2}
+                )
+                assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 2
+            pids = fleet.pids
+            await fleet.kill()
+            assert fleet.pids == []
+            for url in fleet.urls:
+                with pytest.raises(httpx.ConnectError):
+                    await http.get(url + "/health")
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
 def test_cli_port_layout() -> None:

@@ -75,6 +75,11 @@ def _engine_args(e: argparse._ArgumentGroup, d: FleetBenchOptions) -> None:
         "--in-process", action="store_true", help="run the engines in this process (default: a child process)"
     )
     e.add_argument(
+        "--engine-processes", choices=("one", "each"), default=d.engine_processes,
+        help="one: all engines in one child process (the default, as earlier runs); each: a process per engine, "
+        "as real engines each have their own API server (a slow /tokenize on one no longer delays the others)",
+    )  # fmt: skip
+    e.add_argument(
         "--fleet", dest="fleet_file", help="attach to engines started with continuum-sim-engine --info-file FILE"
     )
     e.add_argument("--no-reset", dest="reset", action="store_false", help="keep the engines' prefix caches warm")

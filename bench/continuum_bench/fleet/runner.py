@@ -7,10 +7,10 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import yaml
@@ -54,6 +54,7 @@ class FleetBenchOptions:
     base_port: int = 0
     zmq_base_port: int = 0
     in_process: bool = False
+    engine_processes: str = "one"  # one: all engines in one child process; each: a process per engine
     fleet_file: str | None = None
     reset: bool = True
     tokenizer: str = "builtin"  # builtin | hf (the engines and the workloads use the same one)
@@ -180,15 +181,23 @@ def _write_text(path: str, text: str) -> None:
     Path(path).write_text(text)
 
 
+def fleet_process(opts: FleetBenchOptions) -> bool | Literal["each"]:
+    """SimFleet's `process` for these options: in this process, one child, or one per engine."""
+    if opts.in_process:
+        return False
+    return "each" if opts.engine_processes == "each" else True
+
+
 @contextlib.asynccontextmanager
-async def open_fleet(opts: FleetBenchOptions) -> AsyncIterator[tuple[list[EngineEndpoints], int]]:
-    """The engines to drive and the pid whose memory to sample."""
+async def open_fleet(opts: FleetBenchOptions) -> AsyncIterator[tuple[list[EngineEndpoints], list[int]]]:
+    """The engines to drive and the pids whose memory to sample."""
     if opts.fleet_file:
         data = _read_json(opts.fleet_file)
-        yield [EngineEndpoints.from_dict(e) for e in data["engines"]], int(data["pid"])
+        pids = [int(pid) for pid in data.get("pids", [data["pid"]])]
+        yield [EngineEndpoints.from_dict(e) for e in data["engines"]], pids
         return
-    async with SimFleet(configs=engine_configs(opts), process=not opts.in_process) as fleet:
-        yield fleet.endpoints, fleet.pid or os.getpid()
+    async with SimFleet(configs=engine_configs(opts), process=fleet_process(opts)) as fleet:
+        yield fleet.endpoints, fleet.pids or [os.getpid()]
 
 
 def backends_document(endpoints: list[EngineEndpoints]) -> dict[str, Any]:
@@ -201,15 +210,22 @@ def backends_document(endpoints: list[EngineEndpoints]) -> dict[str, Any]:
 
 
 class RssSampler:
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
+    """The engines' resident memory, summed over their processes."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = list(pids)
         self.samples: list[float] = []
 
     def sample(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    self.samples.append(int(line.split()[1]) / 1024)
+        total, seen = 0.0, False
+        for pid in self.pids:
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) / 1024
+                        seen = True
+        if seen:
+            self.samples.append(total)
 
     async def run(self) -> None:
         while True:
@@ -254,7 +270,7 @@ async def run_fleet_bench(
     the ones to use afterwards (the report gets a `restart` section)."""
     codec = codec_for(opts)
     workload = build_workload(opts, Texts(codec))
-    async with open_fleet(opts) as (endpoints, pid):
+    async with open_fleet(opts) as (endpoints, pids):
         if opts.write_backends:
             _write_text(opts.write_backends, yaml.safe_dump(backends_document(endpoints), sort_keys=False))
         if opts.print_backends:
@@ -276,7 +292,7 @@ async def run_fleet_bench(
             interrupt_at=opts.restart_router_at if on_interrupt is not None and not direct else None,
             on_interrupt=None if on_interrupt is None else _restarter(opts, on_interrupt),
         )  # fmt: skip
-        sampler = RssSampler(pid)
+        sampler = RssSampler(pids)
         async with httpx.AsyncClient() as http:
             if opts.reset:
                 await reset_all(http, urls)

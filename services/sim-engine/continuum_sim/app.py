@@ -190,11 +190,14 @@ async def stop_servers(servers: Sequence[SimEngineServer]) -> None:
     await asyncio.gather(*(s.stop() for s in servers), return_exceptions=True)
 
 
-def write_info(path: str | Path, endpoints: Sequence[EngineEndpoints]) -> None:
-    """Write the fleet's endpoints as JSON, atomically (readers poll for the file)."""
+def write_info(path: str | Path, endpoints: Sequence[EngineEndpoints], pids: Sequence[int] | None = None) -> None:
+    """Write the fleet's endpoints as JSON, atomically (readers poll for the file). `pids`: the
+    processes serving them (default: this one); `pid` is the first, for older readers."""
     target = Path(path)
     tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "engines": [e.to_dict() for e in endpoints]}, indent=2))
+    serving = list(pids) if pids else [os.getpid()]
+    document = {"pid": serving[0], "pids": serving, "engines": [e.to_dict() for e in endpoints]}
+    tmp.write_text(json.dumps(document, indent=2))
     tmp.replace(target)
 
 

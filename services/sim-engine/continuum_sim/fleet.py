@@ -12,7 +12,9 @@
 
 In-process (default) engines share the caller's event loop; `process=True` runs them in one child
 process instead (`python -m continuum_sim --configs-json ...`), which uses another CPU core and
-lets a test kill the engines like a crash would (`await fleet.kill()`).
+lets a test kill the engines like a crash would (`await fleet.kill()`). `process="each"` runs
+every engine in a child process of its own, as real engines each have their own API server: a
+slow request on one engine (a long `/tokenize`, say) then no longer delays the others.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import zmq.asyncio
 
@@ -103,7 +105,7 @@ class SimFleet:
         time_scale: float | None = None,
         era: Era | None = None,
         name_prefix: str = "sim",
-        process: bool = False,
+        process: bool | Literal["each"] = False,
         startup_timeout: float = 30.0,
     ) -> None:
         if configs is not None:
@@ -117,7 +119,7 @@ class SimFleet:
         self.endpoints: list[EngineEndpoints] = []
         self._servers: list[SimEngineServer] = []
         self._context: zmq.asyncio.Context | None = None
-        self._child: asyncio.subprocess.Process | None = None
+        self._children: list[asyncio.subprocess.Process] = []
         self._tmp: Path | None = None
 
     # -- what callers use --------------------------------------------------------------
@@ -133,8 +135,13 @@ class SimFleet:
 
     @property
     def pid(self) -> int | None:
-        """The child's pid (process fleets) — e.g. to sample its memory."""
-        return self._child.pid if self._child is not None else None
+        """The first child's pid (process fleets) — e.g. to sample its memory."""
+        return self._children[0].pid if self._children else None
+
+    @property
+    def pids(self) -> list[int]:
+        """Every child's pid (one, or one per engine with `process="each"`; none in-process)."""
+        return [child.pid for child in self._children]
 
     def router_backends(self, backend_type: str = "vllm") -> list[dict[str, Any]]:
         return router_backends(self.endpoints, backend_type)
@@ -143,7 +150,7 @@ class SimFleet:
         return listener_sources(self.endpoints)
 
     def write_info(self, path: str | Path) -> None:
-        write_info(path, self.endpoints)
+        write_info(path, self.endpoints, self.pids or None)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -176,52 +183,71 @@ class SimFleet:
         if self._context is not None:
             self._context.destroy(linger=0)
             self._context = None
-        if self._child is not None:
-            await self._stop_child(signal.SIGTERM)
+        if self._children:
+            await self._stop_children(signal.SIGTERM)
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
     async def kill(self) -> None:
-        """SIGKILL the child process (process fleets): the engines vanish as in a crash."""
-        if self._child is None:
+        """SIGKILL the child processes (process fleets): the engines vanish as in a crash."""
+        if not self._children:
             raise SimError("kill() needs a process fleet")
-        await self._stop_child(signal.SIGKILL)
+        await self._stop_children(signal.SIGKILL)
 
     async def _start_process(self) -> None:
         self._tmp = Path(tempfile.mkdtemp(prefix="continuum-sim-"))
-        configs_file, info_file = self._tmp / "configs.json", self._tmp / "info.json"
-        configs_file.write_text(json.dumps([config_to_dict(c) for c in self.configs]))
-        log = (self._tmp / "engines.log").open("wb")
+        groups = [[c] for c in self.configs] if self.process == "each" else [self.configs]
+        try:
+            infos = [await self._spawn(i, group) for i, group in enumerate(groups)]
+            deadline = time.monotonic() + self.startup_timeout
+            # The children start together; the slowest one sets the pace.
+            for i in range(len(infos)):
+                await self._wait_info(i, deadline)
+        except BaseException:
+            await self.close()
+            raise
+        self.endpoints = [
+            EngineEndpoints.from_dict(item) for info in infos for item in json.loads(info.read_text())["engines"]
+        ]
+
+    async def _spawn(self, index: int, configs: Sequence[EngineConfig]) -> Path:
+        assert self._tmp is not None
+        configs_file, info_file = self._tmp / f"configs-{index}.json", self._tmp / f"info-{index}.json"
+        configs_file.write_text(json.dumps([config_to_dict(c) for c in configs]))
+        log = (self._tmp / f"engines-{index}.log").open("wb")
         try:
             # The engines stop when this process dies, even by SIGKILL (continuum_common.children).
             argv = [sys.executable, "-m", "continuum_sim", "--configs-json", str(configs_file)]
             argv += ["--info-file", str(info_file)]
-            self._child = await asyncio.create_subprocess_exec(
+            child = await asyncio.create_subprocess_exec(
                 *bound_to_parent(argv),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT, **spawn_options(),
             )  # fmt: skip
         finally:
             log.close()
-        deadline = time.monotonic() + self.startup_timeout
+        self._children.append(child)
+        return info_file
+
+    async def _wait_info(self, index: int, deadline: float) -> None:
+        assert self._tmp is not None
+        child, info_file = self._children[index], self._tmp / f"info-{index}.json"
         while not info_file.exists():
-            if self._child.returncode is not None or time.monotonic() > deadline:
-                tail = (self._tmp / "engines.log").read_text(errors="replace")[-2000:]
-                await self.close()
+            if child.returncode is not None or time.monotonic() > deadline:
+                tail = (self._tmp / f"engines-{index}.log").read_text(errors="replace")[-2000:]
                 raise SimError(f"simulated engines did not start:\n{tail}")
             await asyncio.sleep(0.05)
-        data = json.loads(info_file.read_text())
-        self.endpoints = [EngineEndpoints.from_dict(item) for item in data["engines"]]
 
-    async def _stop_child(self, sig: int) -> None:
-        child, self._child = self._child, None
-        if child is None or child.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(sig)
-        try:
-            await asyncio.wait_for(child.wait(), 10.0)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                child.kill()
-            await child.wait()
+    async def _stop_children(self, sig: int) -> None:
+        children, self._children = self._children, []
+        for child in children:
+            if child.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(sig)
+        for child in children:
+            try:
+                await asyncio.wait_for(child.wait(), 10.0)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    child.kill()
+                await child.wait()
