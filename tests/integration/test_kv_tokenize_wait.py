@@ -101,3 +101,21 @@ async def test_a_late_call_that_fails_is_counted_and_the_request_served(nats_ser
         assert remote.texts is not None and len(remote.texts) == 0
         # the ingress keeps serving
         assert await ask(client, model, QUESTION) in {"e0", "e1"}
+
+
+async def test_late_calls_are_bounded(nats_server: NatsServer) -> None:
+    """Past `max_late` calls finishing off the path, a request that outlasts its wait cancels
+    its call (`late_dropped`) and is served the same."""
+    stalled = slow_tokenize_stack(nats_server.url, 2.0, tokenize_wait_ms=20, tokenize_timeout_ms=1500)
+    async with stalled as (fleet, ing, client):
+        model = fleet.endpoints[0].model
+        remote = ing.app.kv.selector.remote["fleet"]  # type: ignore[union-attr]
+        remote.max_late = 2
+        prompts = [{"model": model, "prompt": f"One-off prompt {i} about the weather. " * 60} for i in range(5)]
+        replies = await asyncio.gather(*(client.post("/v1/completions", json={**p, "max_tokens": 4}) for p in prompts))
+        assert [r.status_code for r in replies] == [200] * 5
+        assert how(ing, "late") == 5 and how(ing, "late_dropped") == 3
+        assert len(remote._late) <= 2
+        # the two kept run to their timeout (the engine answers after 2 s), off the path
+        await eventually(lambda: how(ing, "late_failed") == 2)
+        assert how(ing, "late_answered") == 0 and not remote._late

@@ -56,7 +56,7 @@ class KvScorerMetrics:
             " prefix, no call; new: too little remembered, routed with approximate keys and"
             " tokenized afterwards, tokenize_new_prompts off_path; late: the call on the path outlasted"
             " tokenize_wait_ms, routed with approximate keys, the call finishing off the path as"
-            " late_answered or late_failed), and off-path /tokenize calls"
+            " late_answered or late_failed, or cancelled as late_dropped when too many are left), and off-path /tokenize calls"
             " (background, background_skipped,"
             " background_failed), and tokenizations another ingress replica shared (shared)",
             ["group", "how"],

@@ -37,7 +37,7 @@ many requests share their first messages (a system prompt, a document).
   that starts gets what its predecessors learnt from the route history the same way.
 
 Off-path calls are bounded (`MAX_BACKGROUND` at once per group, more are skipped) and
-deduplicated; every outcome is counted (`continuum_kv_remote_tokenize_total{group, how}`). The
+deduplicated; late calls too (`MAX_LATE` per group, more are cancelled and counted); every outcome is counted (`continuum_kv_remote_tokenize_total{group, how}`). The
 request's size is estimated from the known part's tokens per byte.
 """
 
@@ -70,6 +70,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("continuum.ingress.kv")
 
 MAX_BACKGROUND = 16  # off-path /tokenize calls at once, per match group
+# Late calls at once, per match group. Each is bounded by the call's timeout already; this bounds
+# how many a flood of requests to a stalled engine can leave behind.
+MAX_LATE = 64
 TEXT_MARGIN = 0.9  # of the estimated tokens in the shared text, the part matched
 _HEAD = 16  # bytes of context digest before a completion prompt's text
 
@@ -106,6 +109,7 @@ class RemoteTokens:
         *,
         max_blocks: int,
         max_background: int = MAX_BACKGROUND,
+        max_late: int = MAX_LATE,
         replica: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -125,6 +129,7 @@ class RemoteTokens:
         self.known = KnownPrefixes(max_blocks) if max_blocks > 0 else None
         self.texts = KnownTexts(max_blocks) if max_blocks > 0 else None
         self.max_background = max_background
+        self.max_late = max_late
         self._tasks: set[asyncio.Task[None]] = set()
         self._late: set[asyncio.Task[None]] = set()  # calls that outlived their request's wait
         self._pending: set[bytes] = set()
@@ -248,9 +253,7 @@ class RemoteTokens:
                 raise
             if not done:
                 self.count(self.group.name, "late")
-                task = asyncio.get_running_loop().create_task(self._late_answer(call, state, remember))
-                self._late.add(task)
-                task.add_done_callback(self._late.discard)
+                self._finish_late(call, state, remember)
                 return self.group.approximate_keys(state)
             tokens = call.result()  # TokenizeFailed: the caller falls back
         self.count(self.group.name, "request")
@@ -258,6 +261,18 @@ class RemoteTokens:
         if remember is not None:
             remember(keys)
         return keys
+
+    def _finish_late(
+        self, call: asyncio.Future[list[int]], state: RequestState, remember: Callable[[RequestKeys], None] | None
+    ) -> None:
+        """Leave a late call to finish off the path, unless `max_late` are already doing so."""
+        if len(self._late) >= self.max_late:
+            call.cancel()
+            self.count(self.group.name, "late_dropped")
+            return
+        task = asyncio.get_running_loop().create_task(self._late_answer(call, state, remember))
+        self._late.add(task)
+        task.add_done_callback(self._late.discard)
 
     async def _late_answer(
         self, call: asyncio.Future[list[int]], state: RequestState, remember: Callable[[RequestKeys], None] | None
