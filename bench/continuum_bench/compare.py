@@ -232,8 +232,9 @@ def restart_table(reports: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return ""
     head = (
-        "| workload | router | restart at (s) | paused (s) | hit/ideal before | hit/ideal after | first 30 s after "
-        "| errors after | TTFT p90 after |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| workload | router | restart at (s) | paused (s) | of which drain / restart (s) | hit/ideal before "
+        "| hit/ideal after | first 30 s after | errors after | TTFT p90 after |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
 
     def num(value: float | None, digits: int) -> str:
@@ -244,7 +245,7 @@ def restart_table(reports: Sequence[dict[str, Any]]) -> str:
         x = r["restart"]
         out.append(
             f"| {r['workload']['workload']} | {r['router']} | {x['at_s']:.1f} | {x['downtime_s']:.2f} "
-            f"| {num(x['before']['hit_rate_vs_ideal'], 4)} | {num(x['after']['hit_rate_vs_ideal'], 4)} "
+            f"| {num(x.get('drain_s'), 2)} / {num(x.get('restart_s'), 2)} | {num(x['before']['hit_rate_vs_ideal'], 4)} | {num(x['after']['hit_rate_vs_ideal'], 4)} "
             f"| {num(x['first_30s_after']['hit_rate_vs_ideal'], 4)} | {x['after']['errors']} "
             f"| {num(x['after']['ttft_p90_s'], 3)} |"
         )

@@ -183,6 +183,8 @@ async def test_restart_router_at_restarts_the_front_and_splits_the_report(tmp_pa
     (report,) = reports
     restart = report["restart"]
     assert restart["at_s"] >= 1.0 and restart["downtime_s"] >= 0
+    assert 0 <= restart["drain_s"] <= restart["downtime_s"] and restart["restart_s"] > 0
+    assert restart["drain_s"] + restart["restart_s"] == pytest.approx(restart["downtime_s"], abs=0.002)
     before, after = restart["before"]["requests"], restart["after"]["requests"]
     assert before + after == 40 and before >= 10 and after >= 10
     served = [e["requests"] for e in report["results"]["per_engine"]]

@@ -249,15 +249,16 @@ def test_restart_summary_splits_the_run_at_the_restart() -> None:
         _result(45.0, 100, 80, 80),  # after, but beyond the first 30 s
         _result(12.0, 100, 0, 0, ok=False),
     ]
-    summary = restart_summary(results, 10.0, 0.5)
+    summary = restart_summary(results, 10.0, 0.5, 0.125)
     assert (summary["at_s"], summary["downtime_s"]) == (10.0, 0.5)
+    assert (summary["drain_s"], summary["restart_s"]) == (0.125, 0.375)
     assert summary["before"]["requests"] == 2 and summary["before"]["hit_rate_vs_ideal"] == pytest.approx(170 / 180)
     after = summary["after"]
     assert (after["requests"], after["errors"]) == (3, 1)
     assert after["hit_rate_vs_ideal"] == pytest.approx(120 / 160)
     assert summary["first_30s_after"]["hit_rate_vs_ideal"] == pytest.approx(40 / 80)
     # A restart after the last request: the empty phase says so instead of a zero.
-    late = restart_summary(results[:2], 20.0, 1.0)
+    late = restart_summary(results[:2], 20.0, 1.0, 0.25)
     assert late["after"]["requests"] == 0 and late["after"]["hit_rate_vs_ideal"] is None
     row = compare.restart_table([{"workload": {"workload": "w"}, "router": "r", "restart": late}])
-    assert "| w | r | 20.0 | 1.00 | 0.9444 | - | - | 0 | - |" in row
+    assert "| w | r | 20.0 | 1.00 | 0.25 / 0.75 | 0.9444 | - | - | 0 | - |" in row

@@ -122,7 +122,9 @@ class Driver:
         self.results: list[RequestResult] = []
         self.interrupt_at = interrupt_at
         self.on_interrupt = on_interrupt
-        self.interruption: tuple[float, float] | None = None  # (began, seconds), since the run's start
+        # (began, seconds, drained): since the run's start; `drained` is the part spent waiting for
+        # the requests in flight to finish, before the action (the router's restart) began
+        self.interruption: tuple[float, float, float] | None = None
         self._open = asyncio.Event()  # clear while an interruption holds new requests back
         self._open.set()
         self._active = 0  # requests sent and not finished
@@ -157,12 +159,13 @@ class Driver:
         self._drained.clear()
         if self._active:
             await self._drained.wait()
+        drained = time.monotonic() - began
         try:
             self.targets = await action(list(self.targets))
         except Exception as exc:
             raise InterruptFailed(f"the interruption at {at:g} s failed: {exc}") from exc
         finally:
-            self.interruption = (began - self._t0, time.monotonic() - began)
+            self.interruption = (began - self._t0, time.monotonic() - began, drained)
             self._open.set()
 
     async def _run_session(self, client: httpx.AsyncClient, session: Session) -> None:

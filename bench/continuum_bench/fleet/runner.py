@@ -372,16 +372,19 @@ def _phase(results: list[RequestResult]) -> dict[str, Any]:
     }
 
 
-def restart_summary(results: list[RequestResult], began: float, seconds: float) -> dict[str, Any]:
+def restart_summary(results: list[RequestResult], began: float, seconds: float, drained: float) -> dict[str, Any]:
     """The run before and after the router's restart: client-side hits (the engines' cached
     tokens as each response reported them) against the pooled ideal, per phase, and the first
-    30 seconds after it on their own."""
+    30 seconds after it on their own. The pause splits into the drain of the requests in flight
+    (`drain_s`) and the restart itself, from SIGTERM to ready (`restart_s`)."""
     before = [r for r in results if r.sent_at < began]
     after = [r for r in results if r.sent_at >= began]
     soon = [r for r in after if r.sent_at < began + seconds + 30.0]
     return {
         "at_s": round(began, 3),
         "downtime_s": round(seconds, 3),
+        "drain_s": round(drained, 3),
+        "restart_s": round(seconds - drained, 3),
         "before": _phase(before),
         "after": _phase(after),
         "first_30s_after": _phase(soon),
