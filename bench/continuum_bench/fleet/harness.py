@@ -33,7 +33,7 @@ import yaml
 
 from continuum_bench.fleet.runner import FleetBenchOptions
 from continuum_bench.fleet.tokens import HfTokenizerFiles
-from continuum_common.procs import free_port
+from continuum_common.procs import free_port, stop_process
 from continuum_sim import EngineEndpoints
 
 RouterUrls = str | list[str]
@@ -193,24 +193,13 @@ async def process(
         pump = asyncio.create_task(_pump(proc.stdout, log))
         yield proc, match
     finally:
-        await _stop(proc)
+        await stop_process(proc, signal.SIGTERM, grace=15)
         if pump is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pump, 5)
         log.close()
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), 15)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
 
 
 async def _pump(stream: asyncio.StreamReader, log: Any) -> None:

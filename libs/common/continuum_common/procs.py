@@ -58,6 +58,21 @@ def free_port(host: str = "127.0.0.1") -> int:
     return chosen
 
 
+async def stop_process(proc: asyncio.subprocess.Process, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
+    """Send `sig` to a child, wait up to `grace` seconds for it to exit, then SIGKILL it; returns
+    once it has exited (at once if it already had)."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
 def ephemeral_port_range() -> tuple[int, int]:
     """The kernel's range for implicitly bound local ports (Linux's default where unreadable)."""
     try:
@@ -181,16 +196,8 @@ class ManagedProcess:
 
     async def stop(self, grace: float = 5.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), grace)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        if proc is not None:
+            await stop_process(proc, signal.SIGTERM, grace)
 
     async def kill(self) -> None:
         """SIGKILL, as a crash would: no shutdown work happens."""

@@ -20,7 +20,6 @@ slow request on one engine (a long `/tokenize`, say) then no longer delays the o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 import signal
@@ -36,6 +35,7 @@ from typing import Any, Literal
 import zmq.asyncio
 
 from continuum_common.children import bound_to_parent, spawn_options
+from continuum_common.procs import stop_process
 from continuum_sim.app import EngineEndpoints, SimEngineServer, start_servers, stop_servers, write_info
 from continuum_sim.config import EngineConfig, config_to_dict
 from continuum_sim.engine import SimEngine
@@ -240,14 +240,4 @@ class SimFleet:
 
     async def _stop_children(self, sig: int) -> None:
         children, self._children = self._children, []
-        for child in children:
-            if child.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.send_signal(sig)
-        for child in children:
-            try:
-                await asyncio.wait_for(child.wait(), 10.0)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    child.kill()
-                await child.wait()
+        await asyncio.gather(*(stop_process(child, sig, grace=10.0) for child in children))
