@@ -200,8 +200,6 @@ async def process(
         log.close()
 
 
-
-
 async def _pump(stream: asyncio.StreamReader, log: Any) -> None:
     while line := await stream.readline():
         log.write(line)
