@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import nats
 import redis.asyncio as aioredis
@@ -225,3 +226,39 @@ async def test_deleted_consumer_and_stream_are_rebound(nats_server: NatsServer, 
             prefix(0): [KvHolder("a", 8, Tier.GPU_HOT)],
             prefix(1): [KvHolder("b", 9, Tier.GPU_HOT)],
         }
+
+
+async def test_an_idle_consumer_stops_at_once(nats_server: NatsServer, redis_server: RedisServer) -> None:
+    """stop() wakes a pull waiting on an idle stream: with a 30-s idle wait the indexer still
+    stops well before it (a restarted ingress or indexer is not held up by its own wait), and
+    an event published just before is applied first."""
+    config = router_config(nats_server.url, redis_server.url)
+    app = IndexerApp(settings(config, idle_wait_s=30.0))
+    stop = asyncio.Event()
+    task = asyncio.create_task(app.run(stop))
+    try:
+        async with asyncio.timeout(15):
+            while not (app.feeds is not None and app.feeds.consumer.ready.is_set()):
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # the pull is now waiting for the first message
+        event = KvEvent("a", 1, 1, 1.0, EventType.CREATED, prefix(0), 10)
+        await publish(nats_server.url, [event])
+        await wait_drained(nats_server.url)
+        await asyncio.sleep(0.3)
+        began = time.monotonic()
+        stop.set()
+        await asyncio.wait_for(asyncio.shield(task), 15.0)
+        # Without the wake it waits out the 5-s shutdown grace (then cancels the pull); with it, a
+        # few milliseconds. 2 s leaves a noisy machine plenty.
+        assert time.monotonic() - began < 2.0
+    finally:
+        stop.set()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert task.exception() is None
+    index = reader(redis_server.url)
+    try:
+        assert await index.query_backends(prefix(0)) == [KvHolder("a", 10, Tier.GPU_HOT)]
+    finally:
+        await index.close()

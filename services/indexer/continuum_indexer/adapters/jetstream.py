@@ -76,6 +76,7 @@ class JetStreamConsumer:
         self.stats = SourceStats(EVENT_BUS_SOURCE, "event_bus")
         self.ready = asyncio.Event()  # set once the consumer is bound
         self._stopping = False
+        self._puller: PullStream | None = None  # while consuming: stop() wakes its wait
         self._backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
         # Redis runs scripts one at a time: more writes in flight than this only queue there,
         # on the clock of the command timeout, instead of here
@@ -95,8 +96,11 @@ class JetStreamConsumer:
         gauge.set((info.num_pending or 0) + (info.num_ack_pending or 0))
 
     def stop(self) -> None:
-        """Finish the batch in hand (apply + ack), then return from run()."""
+        """Finish the batch in hand (apply + ack), then return from run(). A pull waiting for
+        the next message returns at once instead of at the end of `idle_wait_s`."""
         self._stopping = True
+        if self._puller is not None:
+            self._puller.wake()
 
     def _consumer_config(self) -> ConsumerConfig:
         s = self.settings
@@ -167,7 +171,7 @@ class JetStreamConsumer:
         return None
 
     async def _consume(self, sub: Any) -> None:
-        puller = PullStream(sub, batch=self.settings.batch)
+        puller = self._puller = PullStream(sub, batch=self.settings.batch)
         # Up to `concurrency` batches are applied at once, so the next batch is pulled and
         # decoded while Redis runs the previous one's scripts (order does not matter: see
         # continuum_common.kvindex.entry).

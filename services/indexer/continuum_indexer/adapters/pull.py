@@ -14,8 +14,9 @@ since 2.x); everything else goes through nats-py's public API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from nats.aio.msg import Msg
@@ -48,6 +49,15 @@ class PullStream:
         self._request_deadline = 0.0
         self._requested_at = 0.0
         self._ended_early = False
+        # Put into the delivery queue by wake(): a waiting next_batch returns at once. Never
+        # delivered by the server (a message of no subscription), never handed to callers.
+        self._wake_msg = Msg(_client=cast(Any, None), subject="")
+
+    def wake(self) -> None:
+        """Make a next_batch that is waiting for the first message return now (with what it has,
+        possibly nothing): a consumer told to stop need not wait out `max_wait_s`."""
+        with contextlib.suppress(asyncio.QueueFull):  # full: nothing is waiting
+            self._queue.put_nowait(self._wake_msg)
 
     async def next_batch(self, max_wait_s: float) -> list[Msg]:
         """Up to `batch` delivered messages; waits up to `max_wait_s` when none is there yet
@@ -63,6 +73,8 @@ class PullStream:
             except TimeoutError:
                 return []
             self._took(first)
+            if first is self._wake_msg:
+                return []
             if self._is_data(first):
                 msgs.append(first)
             msgs += self._drain()
@@ -76,7 +88,7 @@ class PullStream:
         while not self._queue.empty():
             msg = self._queue.get_nowait()
             self._took(msg)
-            if not (msg.headers and msg.headers.get(_STATUS)):
+            if msg is not self._wake_msg and not (msg.headers and msg.headers.get(_STATUS)):
                 left.append(msg)
         return left
 
@@ -86,7 +98,7 @@ class PullStream:
         while len(msgs) < self.batch and not queue.empty():
             msg = queue.get_nowait()
             self._took(msg)
-            if self._is_data(msg):
+            if msg is not self._wake_msg and self._is_data(msg):
                 msgs.append(msg)
         return msgs
 
