@@ -151,8 +151,12 @@ async def test_a_new_prompt_sticks_by_speculative_entries(
 async def test_without_a_tokenizer_the_backends_tokenize_endpoint_is_used_and_failures_fall_back(
     nats_server: NatsServer,
 ) -> None:
-    async with running_stubs("a", "b") as stubs, ingress(config(stubs, nats_server.url, None)) as (ing, c):
-        # the stubs have no /tokenize: every request falls back to approximate keys, counted
+    async with (
+        running_stubs("a", "b") as stubs,
+        ingress(config(stubs, nats_server.url, None, tokenize_new_prompts="on_path")) as (ing, c),
+    ):
+        # the stubs have no /tokenize: every request asks on its path and falls back to
+        # approximate keys, counted
         for _ in range(2):
             r = await c.post("/v1/chat/completions", json=chat([{"role": "user", "content": "hello " * 300}]))
             assert r.status_code == 200

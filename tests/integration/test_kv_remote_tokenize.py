@@ -28,7 +28,15 @@ SYSTEM = {"role": "system", "content": "You answer questions about the attached 
 
 def config(fleet: SimFleet, nats_url: str, **group: Any) -> dict[str, Any]:
     e = fleet.endpoints[0]
-    spec = {"name": "fleet", "models": [e.model], "mode": "precise", "engine": "vllm"}
+    # These tests follow requests that ask /tokenize on their path when nothing close is known
+    # (`on_path`); test_kv_new_prompts_off_path covers the default, `off_path`.
+    spec = {
+        "name": "fleet",
+        "models": [e.model],
+        "mode": "precise",
+        "engine": "vllm",
+        "tokenize_new_prompts": "on_path",
+    }
     spec.update(block_size=e.block_size, hash_seed=e.python_hash_seed, **group)
     backends = [
         {"name": f"e{i}", "url": ep.url, "type": "vllm", "models": [ep.model], "health_check_interval_ms": 100}

@@ -28,6 +28,21 @@ def problems_of(data: dict, model: type = RouterConfig) -> list[str]:
     return info.value.problems
 
 
+def test_a_precise_group_routes_new_prompts_off_the_path_by_default() -> None:
+    group = {"name": "g", "backends": ["a"], "mode": "precise", "engine": "vllm", "hash_seed": "0"}
+    cfg = parse(RouterConfig, {"backends": [{"name": "a", "url": "http://a"}], "kv_cache_index": {"groups": [group]}})
+    (parsed,) = cfg.kv_cache_index.groups
+    assert parsed.tokenize_new_prompts == "off_path" and parsed.tokenize_wait_ms is None
+    on = parse(
+        RouterConfig,
+        {
+            "backends": [{"name": "a", "url": "http://a"}],
+            "kv_cache_index": {"groups": [{**group, "tokenize_new_prompts": "on_path"}]},
+        },
+    )
+    assert on.kv_cache_index.groups[0].tokenize_new_prompts == "on_path"
+
+
 def test_defaults_match_the_seed() -> None:
     cfg = RouterConfig()
     assert cfg.prefix_routing.enabled is False

@@ -6,7 +6,8 @@ turns off the placement of conversation starts, `noload` the shared load view be
 the remembered tokenizations (`tokenize_memory_blocks: 0`), `known<n>` sets the smallest
 remembered part used (`tokenize_memory_min_tokens`), `tol<δ>` `placement_tolerance`, `hashnew` turns off
 `place_new_prefixes` (the strategy places prompts nobody holds), `offpath` sets
-`tokenize_new_prompts: off_path`, `wait<ms>` `tokenize_wait_ms`. `pen<n>` sets only
+`tokenize_new_prompts: off_path` (the default now; the name stays for the runs recorded before),
+`onpath` sets `on_path`, `wait<ms>` `on_path` with `tokenize_wait_ms`. `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
 
@@ -111,22 +112,21 @@ register_stack(
     KvStack("continuum-kv-precise-hashnew", "memory", "precise", "blocks", cost=(("place_new_prefixes", False),)),
 )
 
-# Requests too little of which is remembered go at once with approximate keys and are tokenized
-# afterwards, instead of asking /tokenize on their path (tokenize_new_prompts: off_path).
-for _replicas, _suffix in ((1, ""), (3, "-x3")):
-    _name = f"continuum-kv-precise{_suffix}-offpath"
-    register_stack(
-        _name,
-        KvStack(
-            _name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_new_prompts", "off_path"),)
-        ),
-    )
+# Requests too little of which is remembered: `offpath` go at once with approximate keys and are
+# tokenized afterwards (the default); `onpath` ask /tokenize on their path first.
+for _setting in ("off_path", "on_path"):
+    for _replicas, _suffix in ((1, ""), (3, "-x3")):
+        _name = f"continuum-kv-precise{_suffix}-{_setting.replace('_', '')}"
+        register_stack(
+            _name,
+            KvStack(
+                _name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_new_prompts", _setting),)
+            ),
+        )
 
 # Requests that ask /tokenize on their path wait at most this long for it (tokenize_wait_ms).
 for _wait in (0, 5, 10, 20, 50):
     for _replicas, _suffix in ((1, ""), (3, "-x3")):
         _name = f"continuum-kv-precise{_suffix}-wait{_wait}"
-        register_stack(
-            _name,
-            KvStack(_name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_wait_ms", _wait),)),
-        )
+        _group = (("tokenize_new_prompts", "on_path"), ("tokenize_wait_ms", _wait))
+        register_stack(_name, KvStack(_name, "memory", "precise", "blocks", replicas=_replicas, group=_group))

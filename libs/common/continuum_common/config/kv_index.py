@@ -229,7 +229,9 @@ class MatchGroup(Section):
     # round trip on every such request. `off_path`: it is routed at once, matched as in
     # approximate mode against what was routed recently (a burst of one new prompt stays
     # together), and tokenized off its path once it has been answered, for what follows it.
-    tokenize_new_prompts: Literal["on_path", "off_path"] = "on_path"
+    # `off_path` is the default: on production-shaped traces it kept as many hits or more at
+    # less added time (docs/benchmarks.md); `on_path` suits engines other clients also warm.
+    tokenize_new_prompts: Literal["on_path", "off_path"] = "off_path"
     # `on_path`: how long such a request waits for /tokenize before it goes on as an `off_path`
     # one would (approximate keys); the call then finishes off its path and what it answers is
     # remembered and recorded as held where the request went. None: it waits up to

@@ -22,12 +22,12 @@ many requests share their first messages (a system prompt, a document).
   chat, the new text is held nowhere yet; its own text is learnt off the path once it has been
   answered.
 * A known part under the group's `tokenize_memory_min_tokens` is not used: such a request is
-  asked on its path.
-* Only a request with nothing close known asks on its path; a chat request's messages without
-  the last one are then tokenized off the path too (what its siblings will share). With the
-  group's `tokenize_new_prompts: off_path` it does not: it is routed at once with approximate
-  keys (kv/chunks.py, recorded in the group's fallback memory, so a burst of one new prompt
-  stays together) and tokenized off the path once answered, as above. With the group's
+  new (below).
+* A request with nothing close known is, with the group's `tokenize_new_prompts: off_path` (the
+  default), routed at once with approximate keys (kv/chunks.py, recorded in the group's
+  fallback memory, so a burst of one new prompt stays together) and tokenized off the path once
+  answered, as above. With `on_path` it asks on its path; a chat request's messages without the
+  last one are then tokenized off the path too (what its siblings will share). With the group's
   `tokenize_wait_ms`, a call on the path is waited for at most that long: past it the request
   goes on as an `off_path` one would, and the call finishes off its path (`late`), its answer
   remembered and recorded as held where the request went.
