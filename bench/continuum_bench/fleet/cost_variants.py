@@ -87,16 +87,18 @@ register_stack(
     KvStack("continuum-kv-precise-nomemory", "memory", "precise", "blocks", group=(("tokenize_memory_blocks", 0),)),
 )
 
-# The smallest remembered part a request is matched with (else it asks /tokenize on its path).
+
+def _group_variant(tail: str, group: tuple[tuple[str, int | str], ...]) -> None:
+    """`continuum-kv-precise-<tail>` and its three-replica form `continuum-kv-precise-x3-<tail>`,
+    with these overrides of the match group."""
+    for replicas, suffix in ((1, ""), (3, "-x3")):
+        name = f"continuum-kv-precise{suffix}-{tail}"
+        register_stack(name, KvStack(name, "memory", "precise", "blocks", replicas=replicas, group=group))
+
+
+# The smallest remembered part a request is matched with (else it is a new prompt).
 for _min in (0, 128, 256, 512):
-    for _replicas, _suffix in ((1, ""), (3, "-x3")):
-        _name = f"continuum-kv-precise{_suffix}-known{_min}"
-        register_stack(
-            _name,
-            KvStack(
-                _name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_memory_min_tokens", _min),)
-            ),
-        )
+    _group_variant(f"known{_min}", (("tokenize_memory_min_tokens", _min),))
 
 # How far a conversation start's holder may be busier than the mean before its prefix is
 # copied elsewhere (placement_tolerance), with one or two requests of slack.
@@ -115,18 +117,8 @@ register_stack(
 # Requests too little of which is remembered: `offpath` go at once with approximate keys and are
 # tokenized afterwards (the default); `onpath` ask /tokenize on their path first.
 for _setting in ("off_path", "on_path"):
-    for _replicas, _suffix in ((1, ""), (3, "-x3")):
-        _name = f"continuum-kv-precise{_suffix}-{_setting.replace('_', '')}"
-        register_stack(
-            _name,
-            KvStack(
-                _name, "memory", "precise", "blocks", replicas=_replicas, group=(("tokenize_new_prompts", _setting),)
-            ),
-        )
+    _group_variant(_setting.replace("_", ""), (("tokenize_new_prompts", _setting),))
 
 # Requests that ask /tokenize on their path wait at most this long for it (tokenize_wait_ms).
 for _wait in (0, 5, 10, 20, 50):
-    for _replicas, _suffix in ((1, ""), (3, "-x3")):
-        _name = f"continuum-kv-precise{_suffix}-wait{_wait}"
-        _group = (("tokenize_new_prompts", "on_path"), ("tokenize_wait_ms", _wait))
-        register_stack(_name, KvStack(_name, "memory", "precise", "blocks", replicas=_replicas, group=_group))
+    _group_variant(f"wait{_wait}", (("tokenize_new_prompts", "on_path"), ("tokenize_wait_ms", _wait)))
