@@ -29,13 +29,16 @@ SYSTEM = {"role": "system", "content": "You answer questions about the attached 
 def config(fleet: SimFleet, nats_url: str, **group: Any) -> dict[str, Any]:
     e = fleet.endpoints[0]
     # These tests follow requests that ask /tokenize on their path when nothing close is known
-    # (`on_path`); test_kv_new_prompts_off_path covers the default, `off_path`.
+    # (`on_path`); test_kv_new_prompts_off_path covers the default, `off_path`. They follow
+    # what /tokenize is asked off the path too: test_kv_answer_ids covers the default, the ids
+    # returned with the answers.
     spec = {
         "name": "fleet",
         "models": [e.model],
         "mode": "precise",
         "engine": "vllm",
         "tokenize_new_prompts": "on_path",
+        "token_ids_from_answers": False,
     }
     spec.update(block_size=e.block_size, hash_seed=e.python_hash_seed, **group)
     backends = [

@@ -174,6 +174,40 @@ async def test_tokenize_and_detokenize_shapes(http: httpx.AsyncClient) -> None:
     )
 
 
+def _sse(body: str) -> list[dict[str, object]]:
+    import json
+
+    return [json.loads(line[5:]) for line in body.splitlines() if line.startswith("data:") and "[DONE]" not in line]
+
+
+async def test_return_token_ids_as_vllm_shapes_them(http: httpx.AsyncClient) -> None:
+    """vLLM's `return_token_ids`: the prompt's ids are what /tokenize gives for the same
+    request; the output's ids decode to the answer's text; absent unless asked."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count to five."}]
+    prompt = (await http.post("/tokenize", json={"messages": messages})).json()["tokens"]
+    chat = {"model": MODEL, "messages": messages, "max_tokens": 9, "return_token_ids": True}
+    whole = (await http.post("/v1/chat/completions", json=chat)).json()
+    assert whole["prompt_token_ids"] == prompt
+    out = whole["choices"][0]["token_ids"]
+    assert len(out) == 9
+    assert (await http.post("/detokenize", json={"tokens": out})).json()["prompt"] == whole["choices"][0]["message"]["content"]
+    events = _sse((await http.post("/v1/chat/completions", json={**chat, "stream": True})).text)
+    assert events[0]["prompt_token_ids"] == prompt and "token_ids" not in events[0]["choices"][0]  # type: ignore[index]
+    assert all("prompt_token_ids" not in e for e in events[1:])
+    assert [t for e in events[1:] for t in e["choices"][0]["token_ids"]] == out  # type: ignore[index]
+    plain = (await http.post("/v1/chat/completions", json={**chat, "return_token_ids": False})).json()
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+
+    text = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 7, "return_token_ids": True}
+    prompt = (await http.post("/tokenize", json={"prompt": "Once upon a time"})).json()["tokens"]
+    whole = (await http.post("/v1/completions", json=text)).json()
+    assert whole["choices"][0]["prompt_token_ids"] == prompt and len(whole["choices"][0]["token_ids"]) == 7
+    events = _sse((await http.post("/v1/completions", json={**text, "stream": True})).text)
+    choices = [e["choices"][0] for e in events]  # type: ignore[index]
+    assert choices[0]["prompt_token_ids"] == prompt and all(c["prompt_token_ids"] is None for c in choices[1:])
+    assert [t for c in choices for t in c["token_ids"]] == whole["choices"][0]["token_ids"]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "fragment"),
     [

@@ -60,6 +60,7 @@ from continuum_ingress.forwarding import Forwarder
 from continuum_ingress.gemini.wiring import build_gemini
 from continuum_ingress.hooks import BodyRewriter, Component, RequestScorer, ResponseCacheHook
 from continuum_ingress.kv import EmbeddedIndexFactory, KvRouting, build_kv_routing, kv_admin_routes
+from continuum_ingress.kv.answer_ids import AskForAnswerIds
 from continuum_ingress.load_view import build_load_share
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
@@ -162,8 +163,8 @@ class IngressApp:
             affinity=self.affinity,
         )  # fmt: skip
         self.forwarder = Forwarder(
-            self.pipeline, self.metrics, self.dialects, [*self._builtin_rewriters(), *self.gemini.rewriters, *rewriters],
-            clock, affinity=self.affinity,
+            self.pipeline, self.metrics, self.dialects,
+            [*self._builtin_rewriters(), *self.gemini.rewriters, *rewriters], clock, affinity=self.affinity,
         )  # fmt: skip
         self.health = HealthChecker(self.holder, self.pool, clock, tick=health_tick)
         self.ready = False
@@ -230,6 +231,8 @@ class IngressApp:
 
     def _builtin_rewriters(self) -> list[BodyRewriter]:
         builtin: list[BodyRewriter] = [AnthropicCacheControl(self.metrics)]
+        if self.kv is not None:  # precise groups ask vLLM for their answers' token ids
+            builtin.append(AskForAnswerIds())
         salt = self.holder.current.config.kv_cache_index.salt_echo
         if salt.enabled:
             # Read once at start: kv_cache_index is a restart-only section.

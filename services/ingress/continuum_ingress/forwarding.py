@@ -34,7 +34,7 @@ from continuum_ingress.asgi import Channel
 from continuum_ingress.cache.facade import CacheLookup, CacheStatus
 from continuum_ingress.deadline import Deadline
 from continuum_ingress.errors import NoBackend, RequestError
-from continuum_ingress.hooks import BodyRewriter, RejectionHandler, ResponseRecorder, answer_recorders
+from continuum_ingress.hooks import ANSWER_FILTER, BodyRewriter, RejectionHandler, ResponseRecorder, answer_recorders
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.pool import BackendState
@@ -254,6 +254,8 @@ class Forwarder:
         translator = dialect.translator(state.api, state.stream)
         if first is not None and self.affinity is not None and _makes_response_ids(state, response, translator):
             self.affinity.learn_stream(backend.name, first.first)
+        if translator is None and response.status < 300:
+            translator = state.extras.get(ANSWER_FILTER)
         cached = self.pipeline.response_cache.recorder(state, lookup) if lookup.status is CacheStatus.MISS else None
         recorder = answer_recorders(state, cached)
         if first is not None:

@@ -13,6 +13,11 @@
   learns a conversation's next prefix from it) puts a `ResponseRecorder` in
   `state.extras[ANSWER_RECORDER]` before the request is forwarded; the forwarder feeds it as it
   feeds the response cache's recorder.
+* `ANSWER_FILTER`: a body rewriter that asks the backend for more than the client asked for
+  (the KV scorer asks vLLM for the answer's token ids) puts a `ResponseTranslator` in
+  `state.extras[ANSWER_FILTER]` for the attempt; the forwarder passes a successful answer
+  through it, before the client and the recorders, when the backend's dialect has no
+  translator of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ if TYPE_CHECKING:
 
 
 ANSWER_RECORDER = "answer_recorder"
+ANSWER_FILTER = "answer_filter"
 
 
 class ResponseRecorder(Protocol):

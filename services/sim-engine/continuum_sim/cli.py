@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {d.responses_store}; 0 = store nothing)",
     )
     eng.add_argument(
+        "--no-token-ids",
+        action="store_true",
+        help="ignore return_token_ids on chat and completion requests, as vLLM releases before 0.10.2 do "
+        "(default: answer it with the prompt's and the output's token ids, as later ones do)",
+    )
+    eng.add_argument(
         "--tokenizer",
         metavar="TOKENIZER_JSON",
         help="tokenize with this Hugging Face tokenizer.json instead of the built-in tokenizer",
@@ -129,6 +135,7 @@ def configs_from_args(args: argparse.Namespace) -> list[EngineConfig]:
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
         responses_store=args.responses_store,
+        return_token_ids=not args.no_token_ids,
         python_hash_seed=args.python_hash_seed,
         tokenizer=args.tokenizer,
         chat_template=args.chat_template,

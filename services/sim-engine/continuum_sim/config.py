@@ -68,6 +68,9 @@ class EngineConfig:
     embedding_dim: int = 384
     # Responses kept for `previous_response_id` (least recently used forgotten first); 0 = none.
     responses_store: int = 10_000
+    # Answer vLLM's `return_token_ids` (vLLM 0.10.2 and later); False: ignore it, as older
+    # vLLM releases do.
+    return_token_ids: bool = True
     # A Hugging Face tokenizer.json to tokenize with instead of the built-in tokenizer, and its
     # chat template (a template file or a tokenizer_config.json; default: a tokenizer_config.json
     # beside tokenizer.json when it has one, else the built-in ChatML text).

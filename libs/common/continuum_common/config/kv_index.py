@@ -237,6 +237,13 @@ class MatchGroup(Section):
     # remembered and recorded as held where the request went. None: it waits up to
     # `tokenize_timeout_ms` (and past that is matched approximately, the call abandoned).
     tokenize_wait_ms: int | None = Field(None, ge=0, le=60_000)
+    # Without a local tokenizer, `engine: vllm`: ask each `type: vllm` backend for the token ids
+    # of the prompt and of the answer with the answer itself (vLLM's `return_token_ids`, vLLM
+    # 0.10.2 and later; cut out of what the client receives unless it asked for them) and learn
+    # from them instead of an off-path /tokenize per request: the engine tokenizes each prompt
+    # once instead of twice. A backend whose answers carry no ids (an older vLLM) is asked no
+    # more after a few of them, and /tokenize is used for it (docs/kv-scorer.md).
+    token_ids_from_answers: bool = True
     approximate: ApproximateMatching = ApproximateMatching()
 
     @model_validator(mode="after")

@@ -51,12 +51,13 @@ from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
 from continuum_common.wire.decisions import KIND_CHAT, KIND_TEXT, Tokenized
 from continuum_ingress.hooks import ANSWER_RECORDER
+from continuum_ingress.kv.answer_ids import ANSWER_IDS, ASKS, AnswerIds
 from continuum_ingress.kv.answers import AnswerRecorder, reads_answers
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, chat_messages
 from continuum_ingress.kv.known_prefixes import Known, KnownPrefixes, KnownTexts, conversation_digests, text_digest
@@ -73,6 +74,9 @@ MAX_BACKGROUND = 16  # off-path /tokenize calls at once, per match group
 # Late calls at once, per match group. Each is bounded by the call's timeout already; this bounds
 # how many a flood of requests to a stalled engine can leave behind.
 MAX_LATE = 64
+# Answers in a row that came without the token ids asked for, after which a backend is asked
+# no more (an older vLLM ignores `return_token_ids`), until the ingress restarts.
+MAX_MISSING = 4
 TEXT_MARGIN = 0.9  # of the estimated tokens in the shared text, the part matched
 _HEAD = 16  # bytes of context digest before a completion prompt's text
 
@@ -95,6 +99,10 @@ class _Lesson:
     # A request routed with approximate keys (`off_path`): what it teaches is also recorded as
     # held where it went, as a request matched precisely is when it is routed (kv/selector.py).
     record: bool = False
+    # Which of the ids the engine returned with the request's answer (kv/answer_ids.py) are
+    # what this lesson would ask /tokenize for: the prompt's (the request's own prompt), the
+    # prompt's and the output's (the conversation with its answer), or none.
+    ids: Literal["prompt", "answer"] | None = None
 
 
 class RemoteTokens:
@@ -126,6 +134,9 @@ class RemoteTokens:
         # On the path, wait at most this long for the answer (None: up to the call's timeout).
         wait_ms = group.config.tokenize_wait_ms
         self.wait_s = None if wait_ms is None else wait_ms / 1000
+        # Learn from the ids the engine returns with its answers (vLLM), not from /tokenize.
+        self.answer_ids = group.config.token_ids_from_answers and group.config.engine == "vllm"
+        self._missing: dict[str, int] = {}  # backend -> answers in a row without the ids
         self.known = KnownPrefixes(max_blocks) if max_blocks > 0 else None
         self.texts = KnownTexts(max_blocks) if max_blocks > 0 else None
         self.max_background = max_background
@@ -157,13 +168,16 @@ class RemoteTokens:
             if k < n and len(known.chain) > 1 and (len(known.chain) - 1) * self.bs >= self.min_tokens:
                 self.count(self.group.name, "known_prefix")
                 key = digests[n - 1]
-                self._follow_up(client, state, messages, _Lesson(key, partial(self._remember_chat, key), sum(sizes)))
+                self._ask_ids(state)
+                own = _Lesson(key, partial(self._remember_chat, key), sum(sizes), ids="prompt")
+                self._follow_up(client, state, messages, own)
                 estimate = known.tokens + sum(sizes[k:]) * known.tokens / max(1, known.nbytes)
                 return RequestKeys("precise", known.chain[:-1].tolist(), self.bs, max(1, round(estimate)))
         if self.off_path:
             return self._new_chat(client, state, messages, digests, sizes)
         keys = await self._asked(state, client, lambda k: self._remember_chat(digests[n - 1], _known(k, sum(sizes))))
         self._siblings(client, state, messages, digests, sizes, new=False)
+        self._ask_ids(state)
         self._follow_up(client, state, messages, None)
         return keys
 
@@ -185,12 +199,17 @@ class RemoteTokens:
             if blocks and blocks * self.bs >= self.min_tokens:
                 self.count(self.group.name, "known_prefix")
                 key = text_digest(data)
-                self._background(client, state, _Lesson(key, partial(self._remember_text, data), len(data)), after=True)
+                self._ask_ids(state)
+                lesson = _Lesson(key, partial(self._remember_text, data), len(data), ids="prompt")
+                self._background(client, state, lesson, after=True)
                 estimate = (len(data) - _HEAD) * per_byte
                 return RequestKeys("precise", known.chain[:blocks].tolist(), self.bs, max(1, round(estimate)))
         if self.off_path:
             self.count(self.group.name, "new")
-            lesson = _Lesson(text_digest(data), partial(self._remember_text, data), len(data), record=True)
+            self._ask_ids(state)
+            lesson = _Lesson(
+                text_digest(data), partial(self._remember_text, data), len(data), record=True, ids="prompt"
+            )
             self._background(client, state, lesson, after=True)
             return self.group.approximate_keys(state)
         return await self._asked(state, client, lambda k: self._remember_text(data, _known(k, len(data))))
@@ -209,7 +228,9 @@ class RemoteTokens:
         would delay its first token)."""
         self.count(self.group.name, "new")
         n = len(messages)
-        own = _Lesson(digests[n - 1], partial(self._remember_chat, digests[n - 1]), sum(sizes), record=True)
+        self._ask_ids(state)
+        remember = partial(self._remember_chat, digests[n - 1])
+        own = _Lesson(digests[n - 1], remember, sum(sizes), record=True, ids="prompt")
         self._siblings(client, state, messages, digests, sizes, new=True)
         self._follow_up(client, state, messages, own)
         return self.group.approximate_keys(state)
@@ -330,6 +351,11 @@ class RemoteTokens:
         if self._closed:  # a request answered after shutdown began
             self._pending.discard(lesson.key)
             return
+        tokens = self._from_answer(state, lesson)
+        if tokens is not None:  # the engine returned them with the answer: no call
+            self._pending.discard(lesson.key)
+            self._learnt(state, lesson, tokens, "answer_ids")
+            return
         if len(self._tasks) >= self.max_background:
             self._pending.discard(lesson.key)
             self.count(self.group.name, "background_skipped")
@@ -352,10 +378,61 @@ class RemoteTokens:
             return
         finally:
             self._pending.discard(lesson.key)
-        self.count(self.group.name, "background")
+        self._learnt(state, lesson, tokens, "background", keys)
+
+    def _learnt(
+        self, state: RequestState, lesson: _Lesson, tokens: list[int], how: str, keys: RequestKeys | None = None
+    ) -> None:
+        """Remember what `tokens` (the lesson's tokenization) gave, and record it where the
+        request went when the lesson says so."""
+        if keys is None:
+            keys = self.group.keys_from_tokens(state, tokens)
+        self.count(self.group.name, how)
         lesson.remember(Known(array("Q", keys.chain), len(tokens), lesson.nbytes))
         if lesson.record and state.backend is not None:
             self.group.memory.record(state.backend, keys.chain, self.clock())
+
+    # -- token ids returned with the answer ---------------------------------------------------
+    def _ask_ids(self, state: RequestState) -> None:
+        """Have the request's answer carry its token ids (kv/answer_ids.py), to learn from them
+        instead of asking /tokenize once it has been answered."""
+        if (
+            self.answer_ids
+            and state.api is state.key_api
+            and state.api in ASKS
+            and state.key_body.get("n") in (None, 1)
+        ):
+            state.extras[ANSWER_IDS] = AnswerIds(self.wants_ids)
+
+    def wants_ids(self, backend: str) -> bool:
+        """Whether `backend` is still asked for the ids (not after MAX_MISSING answers in a row
+        came without them)."""
+        return self._missing.get(backend, 0) < MAX_MISSING
+
+    def _from_answer(self, state: RequestState, lesson: _Lesson) -> list[int] | None:
+        """The lesson's tokens from the ids that came with the request's answer, or None (then
+        /tokenize is asked). An answer that came whole without them counts against its backend."""
+        ids = state.extras.get(ANSWER_IDS) if lesson.ids is not None else None
+        if not isinstance(ids, AnswerIds) or not ids.asked:
+            return None
+        backend = state.backend
+        if ids.missing():
+            ids.asked = False  # counted once per request
+            self.count(self.group.name, "answer_ids_missing")
+            if backend is not None:
+                self._missing[backend] = misses = self._missing.get(backend, 0) + 1
+                if misses == MAX_MISSING:
+                    log.warning(
+                        "backend %s returned no token ids with %d answers in a row (return_token_ids needs vLLM "
+                        "0.10.2 or later): asking its /tokenize instead",
+                        backend,
+                        misses,
+                    )
+            return None
+        tokens = ids.prompt() if lesson.ids == "prompt" else ids.answer()
+        if tokens is not None and backend is not None:
+            self._missing.pop(backend, None)
+        return tokens
 
     # -- the next turn: this one's messages and its answer ------------------------------------
     def _follow_up(
@@ -395,10 +472,16 @@ class RemoteTokens:
         answered = [*messages, {"role": "assistant", "content": text}]
         digests, sizes = conversation_digests(state.key_body, state.model, answered)
         key = digests[-1]
+        if own is not None and self.known is not None and own.key not in self.known:
+            # The prompt's own ids, when they came with the answer: learnt exactly, where the
+            # answer's lesson would estimate them.
+            tokens = self._from_answer(state, own)
+            if tokens is not None:
+                self._learnt(state, own, tokens, "answer_ids")
         if self.known is not None and key not in self.known:
             remember = partial(self._remember_answer, key, own.key if own is not None else None, sum(sizes[:-1]))
             record = own is not None and own.record
-            self._background(client, state, _Lesson(key, remember, sum(sizes), answered, False, record))
+            self._background(client, state, _Lesson(key, remember, sum(sizes), answered, False, record, ids="answer"))
 
     def _remember_answer(self, key: bytes, own: bytes | None, own_nbytes: int, known: Known) -> None:
         """A conversation with its answer, and (`own`, when not known yet) the conversation

@@ -14,6 +14,7 @@ and for the /v1/responses/{id} routes, which retrieve, list and delete them (404
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -117,6 +118,14 @@ class EngineApi:
 
         return StreamingResponse(body(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
+    def _params(self, body: dict[str, Any]) -> GenerateParams:
+        """An OpenAI chat or completion request's parameters; `return_token_ids` is ignored
+        unless the engine answers it (config.return_token_ids)."""
+        params = generate_params(body, self.served)
+        if params.token_ids and not self.engine.config.return_token_ids:
+            params = dataclasses.replace(params, token_ids=False)
+        return params
+
     def _check_ids(self, ids: list[int]) -> list[int]:
         for token in ids:
             if not self.codec.is_valid_id(token):
@@ -127,35 +136,41 @@ class EngineApi:
 
     async def chat(self, request: Request) -> Response:
         body = await read_json(request)
-        params = generate_params(body, self.served)
+        params = self._params(body)
         messages = chat_messages(body)
         text = self.codec.render_chat(
             messages,
             add_generation_prompt=body.get("add_generation_prompt", True) is not False,
             continue_final_message=body.get("continue_final_message") is True,
         )
-        handle = self._submit(self.codec.encode(text, add_special_tokens=False), params)
+        prompt_ids = self.codec.encode(text, add_special_tokens=False)
+        handle = self._submit(prompt_ids, params)
         if params.stream:
-            return self._stream(self._chat_events(handle, params), handle)
+            return self._stream(self._chat_events(handle, params, prompt_ids), handle)
         tokens = await self._finish(handle)
         rid = r.new_id("chatcmpl-")
-        out = r.chat_completion(rid, params.model, self.codec.decode(tokens), handle.finish_reason, self._usage(handle))
-        return json_response(out)
+        ids = (prompt_ids, list(tokens)) if params.token_ids else None
+        text = self.codec.decode(tokens)
+        return json_response(r.chat_completion(rid, params.model, text, handle.finish_reason, self._usage(handle), ids=ids))
 
-    async def _chat_events(self, handle: RequestHandle, params: GenerateParams) -> AsyncIterator[bytes]:
+    async def _chat_events(
+        self, handle: RequestHandle, params: GenerateParams, prompt_ids: list[int]
+    ) -> AsyncIterator[bytes]:
         rid, created, inc = r.new_id("chatcmpl-"), r.now(), params.include_usage
         sent_role = False
+        with_ids = params.token_ids
         async for ids in handle.chunks():
             if not sent_role:
+                role = {"role": "assistant", "content": ""}
+                prompt = prompt_ids if with_ids else None
                 yield r.sse_data(
-                    r.chat_chunk(
-                        rid, params.model, created, {"role": "assistant", "content": ""}, None, include_usage=inc
-                    )
+                    r.chat_chunk(rid, params.model, created, role, None, include_usage=inc, prompt_token_ids=prompt)
                 )
                 sent_role = True
             finish = handle.finish_reason if handle.finished else None
             delta = {"content": self.codec.decode(ids)}
-            yield r.sse_data(r.chat_chunk(rid, params.model, created, delta, finish, include_usage=inc))
+            out = list(ids) if with_ids else None
+            yield r.sse_data(r.chat_chunk(rid, params.model, created, delta, finish, include_usage=inc, token_ids=out))
         if not sent_role:
             yield r.sse_data(r.openai_error(EngineBusy("The engine's waiting queue is full; retry later.")))
             return
@@ -165,26 +180,30 @@ class EngineApi:
 
     async def completions(self, request: Request) -> Response:
         body = await read_json(request)
-        params = generate_params(body, self.served)
+        params = self._params(body)
         prompt = completion_prompt(body)
         ids = self.codec.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else self._check_ids(prompt)
         handle = self._submit(ids, params)
         if params.stream:
-            return self._stream(self._completion_events(handle, params), handle)
+            return self._stream(self._completion_events(handle, params, ids), handle)
         tokens = await self._finish(handle)
         rid = r.new_id("cmpl-")
-        out = r.completion(rid, params.model, self.codec.decode(tokens), handle.finish_reason, self._usage(handle))
-        return json_response(out)
+        both = (ids, list(tokens)) if params.token_ids else None
+        text = self.codec.decode(tokens)
+        return json_response(r.completion(rid, params.model, text, handle.finish_reason, self._usage(handle), ids=both))
 
-    async def _completion_events(self, handle: RequestHandle, params: GenerateParams) -> AsyncIterator[bytes]:
+    async def _completion_events(
+        self, handle: RequestHandle, params: GenerateParams, prompt_ids: list[int]
+    ) -> AsyncIterator[bytes]:
         rid, created, inc = r.new_id("cmpl-"), r.now(), params.include_usage
         sent = False
         async for ids in handle.chunks():
+            # vLLM's `return_token_ids`: the prompt's ids in the first chunk's choice only
+            both = ((None if sent else prompt_ids), list(ids)) if params.token_ids else None
             sent = True
             finish = handle.finish_reason if handle.finished else None
-            yield r.sse_data(
-                r.completion_chunk(rid, params.model, created, self.codec.decode(ids), finish, include_usage=inc)
-            )
+            text = self.codec.decode(ids)
+            yield r.sse_data(r.completion_chunk(rid, params.model, created, text, finish, include_usage=inc, ids=both))
         if not sent:
             yield r.sse_data(r.openai_error(EngineBusy("The engine's waiting queue is full; retry later.")))
             return

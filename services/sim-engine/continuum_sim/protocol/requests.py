@@ -21,6 +21,8 @@ class GenerateParams:
     include_usage: bool
     cache_salt: str | None
     seed: int | None
+    # vLLM's `return_token_ids`: the prompt's ids (first chunk) and each chunk's output ids
+    token_ids: bool = False
 
 
 def int_field(body: Mapping[str, Any], name: str, *, minimum: int) -> int | None:
@@ -87,7 +89,8 @@ def generate_params(body: Mapping[str, Any], served: Sequence[str], *, anthropic
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise InvalidRequest("'seed' must be an integer", param="seed")
-    return GenerateParams(model, max_tokens, stream, include_usage, salt, seed)
+    token_ids = bool_field(body, "return_token_ids", False) if not anthropic else False
+    return GenerateParams(model, max_tokens, stream, include_usage, salt, seed, token_ids)
 
 
 def chat_messages(body: Mapping[str, Any]) -> list[ChatMessage]:

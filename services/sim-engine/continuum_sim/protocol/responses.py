@@ -39,8 +39,18 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def chat_completion(rid: str, model: str, text: str, finish_reason: str, usage_body: dict[str, Any]) -> dict[str, Any]:
-    return {
+def chat_completion(
+    rid: str,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage_body: dict[str, Any],
+    *,
+    ids: tuple[list[int], list[int]] | None = None,
+) -> dict[str, Any]:
+    """`ids` (prompt, output): vLLM's `return_token_ids` fields, the prompt's at the top level
+    and the output's in the choice."""
+    out: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion",
         "created": now(),
@@ -57,6 +67,10 @@ def chat_completion(rid: str, model: str, text: str, finish_reason: str, usage_b
         "usage": usage_body,
         "system_fingerprint": None,
     }
+    if ids is not None:
+        out["choices"][0]["token_ids"] = ids[1]
+        out["prompt_token_ids"] = ids[0]
+    return out
 
 
 def chat_chunk(
@@ -67,16 +81,25 @@ def chat_chunk(
     finish_reason: str | None,
     *,
     include_usage: bool,
+    token_ids: list[int] | None = None,
+    prompt_token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
+    """`token_ids` / `prompt_token_ids`: vLLM's `return_token_ids` fields (the output ids of a
+    content chunk in its choice; the prompt's at the top level of the first chunk)."""
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     chunk: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [choice],
     }
     if include_usage:
         chunk["usage"] = None
+    if prompt_token_ids is not None:
+        chunk["prompt_token_ids"] = prompt_token_ids
     return chunk
 
 
@@ -84,27 +107,53 @@ def usage_chunk(rid: str, model: str, created: int, obj: str, usage_body: dict[s
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage_body}
 
 
-def completion(rid: str, model: str, text: str, finish_reason: str, usage_body: dict[str, Any]) -> dict[str, Any]:
+def completion(
+    rid: str,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage_body: dict[str, Any],
+    *,
+    ids: tuple[list[int], list[int]] | None = None,
+) -> dict[str, Any]:
+    """`ids` (prompt, output): vLLM's `return_token_ids` fields, both in the choice."""
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+    if ids is not None:
+        choice["token_ids"] = ids[1]
+        choice["prompt_token_ids"] = ids[0]
     return {
         "id": rid,
         "object": "text_completion",
         "created": now(),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}],
+        "choices": [choice],
         "usage": usage_body,
         "system_fingerprint": None,
     }
 
 
 def completion_chunk(
-    rid: str, model: str, created: int, text: str, finish_reason: str | None, *, include_usage: bool
+    rid: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str | None,
+    *,
+    include_usage: bool,
+    ids: tuple[list[int] | None, list[int]] | None = None,
 ) -> dict[str, Any]:
+    """`ids` (prompt or None, output): vLLM's `return_token_ids` fields in the choice, the
+    prompt's on the first chunk only (null after it)."""
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+    if ids is not None:
+        choice["prompt_token_ids"] = ids[0]
+        choice["token_ids"] = ids[1]
     chunk: dict[str, Any] = {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}],
+        "choices": [choice],
     }
     if include_usage:
         chunk["usage"] = None
