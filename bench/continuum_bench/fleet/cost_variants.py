@@ -7,7 +7,8 @@ the remembered tokenizations (`tokenize_memory_blocks: 0`), `known<n>` sets the 
 remembered part used (`tokenize_memory_min_tokens`), `tol<δ>` `placement_tolerance`, `hashnew` turns off
 `place_new_prefixes` (the strategy places prompts nobody holds), `offpath` sets
 `tokenize_new_prompts: off_path` (the default now; the name stays for the runs recorded before),
-`onpath` sets `on_path`, `wait<ms>` `on_path` with `tokenize_wait_ms`. `pen<n>` sets only
+`onpath` sets `on_path`, `wait<ms>` `on_path` with `tokenize_wait_ms`, `tokenize` turns off
+`token_ids_from_answers` (an off-path /tokenize per request instead). `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
 
@@ -122,3 +123,7 @@ for _setting in ("off_path", "on_path"):
 # Requests that ask /tokenize on their path wait at most this long for it (tokenize_wait_ms).
 for _wait in (0, 5, 10, 20, 50):
     _group_variant(f"wait{_wait}", (("tokenize_new_prompts", "on_path"), ("tokenize_wait_ms", _wait)))
+
+# Learn from an off-path /tokenize per request instead of the ids the engine returns with its
+# answers (token_ids_from_answers, the default).
+_group_variant("tokenize", (("token_ids_from_answers", False),))
