@@ -179,5 +179,6 @@ async def test_an_engine_that_returns_no_ids_is_asked_no_more_and_tokenize_is_us
         assert how(ing, "answer_ids_missing") == sum(min(n, MAX_MISSING) for n in served.values())
         assert how(ing, "answer_ids") == 0
         assert all(remote.wants_ids(b) == (n < MAX_MISSING) for b, n in served.items())
+        assert not remote.wants_ids("not-in-the-group")
         assert any(n > MAX_MISSING for n in served.values())
         assert remote.texts is not None and remote.texts.find(remote_text_key(model, prompt)) is not None

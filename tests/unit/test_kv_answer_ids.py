@@ -16,6 +16,7 @@ from continuum_ingress.kv.answer_ids import (
     read_member,
     remove_member,
 )
+from continuum_ingress.kv.tokenize import token_ids
 
 
 def cut(data: bytes, key: bytes) -> tuple[bytes, bytes | None] | None:
@@ -179,3 +180,25 @@ def test_a_retry_starts_over() -> None:
     ids.begin(strip=True)
     out = ids.chunk(_chat_stream([3], [[4]])) + ids.end()
     assert b"token_ids" not in out and ids.answer() == [3, 4]
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ([0, 1, 2, 4294967295], True),
+        ([], True),
+        ([1, True], False),
+        ([False], False),
+        ([1.0], False),
+        ([-1], False),
+        ([4294967296], False),
+        (["1"], False),
+        ([None], False),
+        ([[1]], False),
+        ("1,2", False),
+        ({"tokens": [1]}, False),
+    ],
+)
+def test_token_id_lists_are_checked_exactly(value: object, ok: bool) -> None:
+    assert token_ids(value) is ok
+    assert (parse_ids(orjson.dumps(value)) is not None) is ok

@@ -299,8 +299,9 @@ class KvCacheIndex(Section):
     # Read the answer each chat request got (OpenAI chat completions, Anthropic Messages,
     # Responses requests that resend their conversation) and remember its conversation with
     # that answer where it was routed, so its next turn is matched through the answer (precise
-    # groups without a local tokenizer: one off-path /tokenize per turn, of the conversation
-    # with its answer, instead of its own messages; approximate: the answer's text chunks).
+    # groups without a local tokenizer: the token ids returned with the answer, or one
+    # off-path /tokenize per turn, of the conversation with its answer, instead of its own
+    # messages; approximate: the answer's text chunks).
     # false: no answer is read.
     learn_answers: bool = True
     # The older place of the top-level `load_sharing` section (still accepted; not both).

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from continuum_ingress.hooks import ANSWER_FILTER
-from continuum_ingress.kv.tokenize import MAX_TOKENS
+from continuum_ingress.kv.tokenize import token_ids
 from continuum_ingress.protocol.apis import Api
 
 if TYPE_CHECKING:
@@ -94,11 +94,7 @@ def parse_ids(data: bytes) -> list[int] | None:
         ids = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(ids, list) or len(ids) > MAX_TOKENS:
-        return None
-    if not all(type(t) is int and 0 <= t < 1 << 32 for t in ids):
-        return None
-    return ids
+    return ids if token_ids(ids, data) else None
 
 
 class AnswerIds:

@@ -58,7 +58,9 @@ class KvScorerMetrics:
             " tokenize_wait_ms, routed with approximate keys, the call finishing off the path as"
             " late_answered or late_failed, or cancelled as late_dropped when too many are left), and off-path /tokenize calls"
             " (background, background_skipped,"
-            " background_failed), and tokenizations another ingress replica shared (shared)",
+            " background_failed), what was learnt from the token ids a vLLM engine returned with its"
+            " answer instead (answer_ids) and answers that came without them (answer_ids_missing),"
+            " and tokenizations another ingress replica shared (shared)",
             ["group", "how"],
             registry=r,
         )

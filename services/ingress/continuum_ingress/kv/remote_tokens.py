@@ -31,6 +31,12 @@ many requests share their first messages (a system prompt, a document).
   `tokenize_wait_ms`, a call on the path is waited for at most that long: past it the request
   goes on as an `off_path` one would, and the call finishes off its path (`late`), its answer
   remembered and recorded as held where the request went.
+* What is learnt once a request has been answered comes, from a vLLM engine, with the answer
+  itself: the ingress asks for the token ids of the prompt and the output (`return_token_ids`,
+  kv/answer_ids.py, `token_ids_from_answers`) and learns the request's own prompt and its
+  conversation with the answer from them, without a call. All but its last message (what its
+  siblings share) is not in the answer and is still asked. An engine whose answers come without
+  the ids is asked no more after `MAX_MISSING` of them in a row, and /tokenize learns instead.
 * Every answer remembered is also offered to the other ingress replicas (`share`, set by the
   KV component: digests and block hashes over NATS, continuum_common.wire.decisions), and what
   they learnt is remembered here (`apply_shared`), so N replicas ask as often as one; a process
@@ -120,6 +126,7 @@ class RemoteTokens:
         max_late: int = MAX_LATE,
         replica: str = "",
         clock: Callable[[], float] = time.monotonic,
+        member: Callable[[str], bool] = lambda backend: True,
     ) -> None:
         assert group.config is not None and group.hasher is not None
         self.group = group
@@ -137,6 +144,7 @@ class RemoteTokens:
         # Learn from the ids the engine returns with its answers (vLLM), not from /tokenize.
         self.answer_ids = group.config.token_ids_from_answers and group.config.engine == "vllm"
         self._missing: dict[str, int] = {}  # backend -> answers in a row without the ids
+        self.member = member  # whether a backend (by name) is in this group
         self.known = KnownPrefixes(max_blocks) if max_blocks > 0 else None
         self.texts = KnownTexts(max_blocks) if max_blocks > 0 else None
         self.max_background = max_background
@@ -405,9 +413,9 @@ class RemoteTokens:
             state.extras[ANSWER_IDS] = AnswerIds(self.wants_ids)
 
     def wants_ids(self, backend: str) -> bool:
-        """Whether `backend` is still asked for the ids (not after MAX_MISSING answers in a row
-        came without them)."""
-        return self._missing.get(backend, 0) < MAX_MISSING
+        """Whether `backend` is asked for the ids: one of this group's (a request may go to
+        another group's backend), and not after MAX_MISSING answers in a row came without them."""
+        return self.member(backend) and self._missing.get(backend, 0) < MAX_MISSING
 
     def _from_answer(self, state: RequestState, lesson: _Lesson) -> list[int] | None:
         """The lesson's tokens from the ids that came with the request's answer, or None (then

@@ -130,6 +130,7 @@ class KvSelector:
                 max_blocks=g.config.tokenize_memory_blocks,
                 replica=replica,
                 clock=clock,
+                member=partial(self._in_group, g),
             )
             for g in self.groups.values()
             if g.mode == "precise" and g.encoder is None and g.config is not None and g.hasher is not None
@@ -137,6 +138,9 @@ class KvSelector:
         self.timeout_s = 0.1 + max(
             (g.config.tokenize_timeout_ms / 1000 for g in self.groups.values() if g.config is not None), default=0.0
         )
+
+    def _in_group(self, group: GroupRuntime, backend: str) -> bool:
+        return self.group_of.get(backend) is group
 
     # ---- the decision ------------------------------------------------------------------------
 
