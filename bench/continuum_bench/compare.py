@@ -4,7 +4,9 @@
 One fleet of simulated vLLM engines is started (a child process); then, for each workload and
 each router, the router is started against that fleet, the fleet benchmark (bench/continuum_bench/fleet) drives
 the workload through it over real HTTP (engines' prefix caches reset before every run), and the
-router is stopped. The summary table (hit rate as a fraction of the ideal, TTFT percentiles,
+router is stopped. Before each router starts, the engines are made as fresh as a new fleet's
+(`POST /sim/reset`: caches empty, KV event history forgotten), so a router's KV listener does
+not replay the event history of the routers that ran before it. The summary table (hit rate as a fraction of the ideal, TTFT percentiles,
 load imbalance) is printed and written to bench/results/compare-<workloads>.{md,json}.
 
 Workloads: `shared-prompt`, `multi-turn`, `trace` (a Mooncake JSONL, `--trace PATH`) and
@@ -58,6 +60,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 import continuum_bench.fleet.continuum  # noqa: F401  (registers Continuum's routers)
 from continuum_bench.fleet.harness import (
     ROUTERS,
@@ -81,6 +85,7 @@ from continuum_bench.fleet.runner import (
     report_and_print,
     run_fleet_bench,
 )
+from continuum_bench.fleet.scrape import fresh_all
 from continuum_bench.fleet.tap import EngineTap
 from continuum_bench.fleet.tokens import TOKENIZER_CHOICES, train_hf_tokenizer
 from continuum_sim import SimFleet
@@ -121,6 +126,7 @@ async def compare(
             for workload in workloads:
                 for name in routers:
                     try:
+                        await _fresh(fleet)
                         reports.append(await _one_run(ctx, name, workload, info, tap))
                     except (RuntimeError, OSError, ValueError, TimeoutError) as exc:
                         if failures is None:
@@ -130,6 +136,13 @@ async def compare(
                         print(f"!! {workload} via {name} failed: {exc}", file=sys.stderr, flush=True)
                         failures.append({"workload": workload, "router": name, "error": str(exc)[:300]})
     return reports
+
+
+async def _fresh(fleet: SimFleet) -> None:
+    """Every router starts on engines as fresh as a new fleet's: caches empty, and no event
+    history of the runs before it for its KV listener to replay."""
+    async with httpx.AsyncClient() as http:
+        await fresh_all(http, [e.url for e in fleet.endpoints])
 
 
 @contextlib.asynccontextmanager

@@ -113,6 +113,41 @@ async def test_replay_buffer_keeps_only_the_last_steps(ctx: zmq.asyncio.Context)
         await publisher.close()
 
 
+async def replayed_seqs(dealer: zmq.asyncio.Socket) -> list[int]:
+    await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    seqs = []
+    while True:
+        frames = await recv(dealer)  # [b"", (topic,) seq, payload]: the seq is next to last
+        if frames[-2] == b"\xff" * 8:
+            return seqs
+        seqs.append(int.from_bytes(frames[-2], "big"))
+
+
+async def test_sim_reset_empties_the_cache_and_forgets_the_event_history(ctx: zmq.asyncio.Context) -> None:
+    """POST /sim/reset: as a fresh engine. A subscriber that starts afterwards replays nothing
+    from before it; what is published afterwards is replayed, with sequence numbers that go on."""
+    async with SimFleet(configs=[small_engine("map")], time_scale=0.001) as fleet:
+        endpoint = fleet.endpoints[0]
+        assert endpoint.replay_endpoint
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(endpoint.replay_endpoint)
+        chat = {"messages": [{"role": "user", "content": "Policy manual. " * 30}], "max_tokens": 3}
+        try:
+            async with httpx.AsyncClient(base_url=endpoint.url, timeout=10) as http:
+                assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
+                before = await replayed_seqs(dealer)
+                assert before, "the request's stores are buffered"
+                assert (await http.post("/sim/reset")).status_code == 200
+                assert await replayed_seqs(dealer) == []
+                again = await http.post("/v1/chat/completions", json=chat)
+                assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, "the cache was emptied"
+                after = await replayed_seqs(dealer)
+                assert after and min(after) > max(before) + 1, "sequence numbers go on (the clear was one)"
+        finally:
+            dealer.close()
+
+
 def small_engine(era: str, **kv: object) -> EngineConfig:
     base = EngineConfig(num_gpu_blocks=4096, max_model_len=4096)
     return replace(base, kv_events=replace(base.kv_events, era=era, topic="kv", **kv))  # type: ignore[arg-type]

@@ -57,6 +57,17 @@ async def scrape_all(client: httpx.AsyncClient, urls: list[str]) -> list[EngineC
     return list(await asyncio.gather(*(one(u) for u in urls)))
 
 
+async def fresh_all(client: httpx.AsyncClient, urls: list[str]) -> None:
+    """POST /sim/reset on every simulated engine: as freshly started engines, their caches empty
+    and their KV event history forgotten. `bench compare` does it before it starts each router,
+    so a router's KV listener does not replay the runs of the routers before it (a listener
+    that starts replays all the engine still buffers, up to `--buffer-steps` batches)."""
+    for url in urls:
+        resp = await client.post(url + "/sim/reset", timeout=10.0)
+        if resp.status_code != 200:
+            raise RuntimeError(f"{url}: /sim/reset answered {resp.status_code}: {resp.text[:200]}")
+
+
 async def reset_all(client: httpx.AsyncClient, urls: list[str]) -> None:
     """POST /reset_prefix_cache everywhere, so each run starts cold (the engines must be idle)."""
     for url in urls:

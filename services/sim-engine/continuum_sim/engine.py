@@ -33,6 +33,9 @@ _MAX_CARRIED_LAG_S = 0.05
 class EventSink(Protocol):
     def publish(self, events: Sequence[KvEvent]) -> None: ...
 
+    def forget(self) -> None:
+        """Drop the event history kept for replay (sequence numbers go on)."""
+
 
 class RequestHandle:
     """What the HTTP layer holds while a request runs: new tokens arrive in `push`."""
@@ -198,6 +201,17 @@ class SimEngine:
         if done:
             self._publish_pending()
         return done
+
+    def reset(self) -> bool:
+        """As a freshly started engine (the simulator's POST /sim/reset): the prefix cache
+        emptied, as `reset_prefix_cache` does, and the KV event history kept for replay
+        forgotten, so a subscriber that starts now replays nothing from before. Refused while
+        any request holds blocks."""
+        if not self.reset_prefix_cache():
+            return False
+        if self.events is not None:
+            self.events.forget()
+        return True
 
     # -- the step loop --------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The engine's HTTP API (FastAPI): vLLM's OpenAI-compatible routes plus Anthropic `/v1/messages`.
 
 Routes: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/messages, /tokenize,
-/detokenize, /reset_prefix_cache; GET /v1/models, /health, /version, /metrics,
+/detokenize, /reset_prefix_cache, /sim/reset (the simulator's own: as a fresh engine); GET /v1/models, /health, /version, /metrics,
 /v1/responses/{id}, /v1/responses/{id}/input_items; DELETE /v1/responses/{id}.
 Bad input gets vLLM's error object (`{"error": {message, type, param, code}}`) or, on
 /v1/messages, Anthropic's; the engine keeps serving. A client that disconnects mid-request
@@ -151,7 +151,9 @@ class EngineApi:
         rid = r.new_id("chatcmpl-")
         ids = (prompt_ids, list(tokens)) if params.token_ids else None
         text = self.codec.decode(tokens)
-        return json_response(r.chat_completion(rid, params.model, text, handle.finish_reason, self._usage(handle), ids=ids))
+        return json_response(
+            r.chat_completion(rid, params.model, text, handle.finish_reason, self._usage(handle), ids=ids)
+        )
 
     async def _chat_events(
         self, handle: RequestHandle, params: GenerateParams, prompt_ids: list[int]
@@ -367,6 +369,11 @@ class EngineApi:
             return Response(status_code=200)
         raise Conflict("Cannot reset the prefix cache while requests hold KV blocks.")
 
+    async def sim_reset(self, _request: Request) -> Response:
+        if self.engine.reset():
+            return Response(status_code=200)
+        raise Conflict("Cannot reset the engine while requests hold KV blocks.")
+
     async def models(self, _request: Request) -> Response:
         return json_response(r.models_list(self.served, self.engine.config.max_model_len, self.created))
 
@@ -393,6 +400,7 @@ def build_app(engine: SimEngine, served_models: list[str] | None = None) -> Fast
         "/tokenize": _guard(api.tokenize),
         "/detokenize": _guard(api.detokenize),
         "/reset_prefix_cache": _guard(api.reset_prefix_cache),
+        "/sim/reset": _guard(api.sim_reset),
     }
     get = {
         "/v1/models": api.models,

@@ -103,6 +103,12 @@ class ZmqEventPublisher:
         self._metrics.events_published.inc()
         self._remember(seq, payload)
 
+    def forget(self) -> None:
+        """Drop the replay buffer: a replay then answers only what is published from now on
+        (sequence numbers go on, so a live subscriber sees no gap)."""
+        self._buffer.clear()
+        self._buffer_bytes = 0
+
     def _remember(self, seq: int, payload: bytes) -> None:
         if self._router is None:
             return

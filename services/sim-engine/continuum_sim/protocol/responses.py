@@ -117,7 +117,13 @@ def completion(
     ids: tuple[list[int], list[int]] | None = None,
 ) -> dict[str, Any]:
     """`ids` (prompt, output): vLLM's `return_token_ids` fields, both in the choice."""
-    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+    }
     if ids is not None:
         choice["token_ids"] = ids[1]
         choice["prompt_token_ids"] = ids[0]
@@ -144,7 +150,13 @@ def completion_chunk(
 ) -> dict[str, Any]:
     """`ids` (prompt or None, output): vLLM's `return_token_ids` fields in the choice, the
     prompt's on the first chunk only (null after it)."""
-    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+    }
     if ids is not None:
         choice["prompt_token_ids"] = ids[0]
         choice["token_ids"] = ids[1]
