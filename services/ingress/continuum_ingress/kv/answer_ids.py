@@ -20,6 +20,7 @@ line as it is, and the answer is not learnt from.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -39,10 +40,14 @@ ASKS: Final = frozenset({Api.CHAT, Api.COMPLETIONS})  # vLLM answers these with 
 
 PROMPT_KEY: Final = b'"prompt_token_ids"'
 OUTPUT_KEY: Final = b'"token_ids"'
+_EITHER: Final = b'token_ids"'  # the end of both keys: one search finds either
 # A stream line longer than this is passed on as it is, and the answer not learnt from (a
 # prompt of MAX_TOKENS ids is ~30 MB of JSON; the engine's own limit comes far sooner).
 MAX_LINE: Final = 64 << 20
 _SPACE: Final = b" \t\r\n"
+# `,"token_ids":[1,2]` as vLLM (pydantic) writes it; split() yields text, key, value, text...
+_COMPACT_MAX: Final = 4096  # bytes: a stream's chunks of a few tokens, not the prompt's ids
+_COMPACT: Final = re.compile(rb',"(prompt_token_ids|token_ids)":(\[[0-9,]*\]|null)')
 
 
 def key_at(data: bytes, key: bytes, start: int = 0) -> int:
@@ -142,7 +147,7 @@ class AnswerIds:
         tail = data[last + 1 :]
         if tail:
             data = data[: last + 1]
-        if OUTPUT_KEY in data or PROMPT_KEY in data:
+        if _EITHER in data:
             data = self._cut_all(data)
         return data + self._hold(tail) if tail else data
 
@@ -159,6 +164,10 @@ class AnswerIds:
         return b""
 
     def _cut_all(self, data: bytes) -> bytes:
+        if self.strip and len(data) <= _COMPACT_MAX:
+            data = self._cut_compact(data)
+            if _EITHER not in data:
+                return data
         for key in (PROMPT_KEY, OUTPUT_KEY):
             start = 0
             while (at := key_at(data, key, start)) >= 0:
@@ -173,6 +182,22 @@ class AnswerIds:
                 else:
                     start = end
         return data
+
+    def _cut_compact(self, data: bytes) -> bytes:
+        """The members as vLLM writes them (compact JSON, after another member), all cut in one
+        C-level pass: about a third of the general path's time for a chunk of a few tokens.
+        The regular expression tries every byte, though, where the general path's searches
+        skip: longer data (the prompt's ids) goes the general path. What it leaves (a member
+        written otherwise) the general path cuts."""
+        parts = _COMPACT.split(data)
+        if len(parts) == 1:
+            return data
+        for i in range(1, len(parts), 3):
+            value = parts[i + 1]
+            self._keep(
+                PROMPT_KEY if parts[i] == b"prompt_token_ids" else OUTPUT_KEY, None if value == b"null" else value
+            )
+        return b"".join(parts[::3])
 
     def _keep(self, key: bytes, value: bytes | None) -> None:
         if value is None:
