@@ -111,12 +111,24 @@ class AnswerIds:
     client's path), the output's as one slice per chunk. More than one prompt list, or output
     lists of several choices, make `prompt()` / `answer()` None: not one conversation."""
 
-    __slots__ = ("_outputs", "_pending", "_prompt", "_prompts", "asked", "broken", "complete", "strip", "wants")
+    __slots__ = (
+        "_outputs",
+        "_pending",
+        "_prompt",
+        "_prompts",
+        "asked",
+        "broken",
+        "complete",
+        "output_tokens",
+        "strip",
+        "wants",
+    )
 
     def __init__(self, wants: Callable[[str], bool]) -> None:
         self.wants = wants  # whether a backend (by name) is still asked for the ids
         self.asked = False  # the attempt that answered asked for the ids
         self.complete = False  # its answer went through here to its end
+        self.output_tokens = 0  # set by answer()
         self.strip = True  # the client did not ask for them itself
         self.broken = False  # something could not be read: learn nothing from this answer
         self._prompt: bytes | None = None
@@ -221,13 +233,16 @@ class AnswerIds:
 
     def answer(self) -> list[int] | None:
         """The prompt's ids followed by the output's (what the engine holds once it answered),
-        or None."""
+        or None. `output_tokens` is then how many of them are the output's."""
         prompt = self.prompt()
         if prompt is None:
             return None
         parts = [part[1:-1].strip() for part in self._outputs]
         output = parse_ids(b"[" + b",".join(p for p in parts if p) + b"]")
-        return None if output is None else prompt + output
+        if output is None:
+            return None
+        self.output_tokens = len(output)
+        return prompt + output
 
     def describe(self) -> dict[str, Any]:
         """For tests and debugging: what was seen (counts only)."""

@@ -417,6 +417,11 @@ class RemoteTokens:
         another group's backend), and not after MAX_MISSING answers in a row came without them."""
         return self.member(backend) and self._missing.get(backend, 0) < MAX_MISSING
 
+    @staticmethod
+    def _output_tokens(state: RequestState) -> int:
+        ids = state.extras.get(ANSWER_IDS)
+        return ids.output_tokens if isinstance(ids, AnswerIds) else 0
+
     def _from_answer(self, state: RequestState, lesson: _Lesson) -> list[int] | None:
         """The lesson's tokens from the ids that came with the request's answer, or None (then
         /tokenize is asked). An answer that came whole without them counts against its backend."""
@@ -480,16 +485,25 @@ class RemoteTokens:
         answered = [*messages, {"role": "assistant", "content": text}]
         digests, sizes = conversation_digests(state.key_body, state.model, answered)
         key = digests[-1]
-        if own is not None and self.known is not None and own.key not in self.known:
-            # The prompt's own ids, when they came with the answer: learnt exactly, where the
-            # answer's lesson would estimate them.
-            tokens = self._from_answer(state, own)
-            if tokens is not None:
-                self._learnt(state, own, tokens, "answer_ids")
-        if self.known is not None and key not in self.known:
-            remember = partial(self._remember_answer, key, own.key if own is not None else None, sum(sizes[:-1]))
-            record = own is not None and own.record
-            self._background(client, state, _Lesson(key, remember, sum(sizes), answered, False, record, ids="answer"))
+        if self.known is None or key in self.known:
+            return
+        remember = partial(self._remember_answer, key, own.key if own is not None else None, sum(sizes[:-1]))
+        record = own is not None and own.record
+        lesson = _Lesson(key, remember, sum(sizes), answered, False, record, ids="answer")
+        tokens = self._from_answer(state, lesson)
+        if tokens is None:  # asked of /tokenize, off the path
+            self._background(client, state, lesson)
+            return
+        # The ids came with the answer. Hashed once: the prompt's blocks are the first blocks
+        # of the prompt and the answer, so the request's own messages are learnt exactly from
+        # them, where the answer's lesson would estimate their end.
+        keys = self.group.keys_from_tokens(state, tokens)
+        prompt = len(tokens) - self._output_tokens(state)
+        if own is not None and own.key not in self.known and prompt > 0:
+            chain = keys.chain[: prompt // self.group.block_size]
+            own_keys = RequestKeys("precise", chain, keys.tokens_per_key, prompt)
+            self._learnt(state, own, tokens[:prompt], "answer_ids", own_keys)
+        self._learnt(state, lesson, tokens, "answer_ids", keys)
 
     def _remember_answer(self, key: bytes, own: bytes | None, own_nbytes: int, known: Known) -> None:
         """A conversation with its answer, and (`own`, when not known yet) the conversation
