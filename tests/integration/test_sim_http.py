@@ -190,7 +190,9 @@ async def test_return_token_ids_as_vllm_shapes_them(http: httpx.AsyncClient) -> 
     assert whole["prompt_token_ids"] == prompt
     out = whole["choices"][0]["token_ids"]
     assert len(out) == 9
-    assert (await http.post("/detokenize", json={"tokens": out})).json()["prompt"] == whole["choices"][0]["message"]["content"]
+    assert (await http.post("/detokenize", json={"tokens": out})).json()["prompt"] == whole["choices"][0]["message"][
+        "content"
+    ]
     events = _sse((await http.post("/v1/chat/completions", json={**chat, "stream": True})).text)
     assert events[0]["prompt_token_ids"] == prompt and "token_ids" not in events[0]["choices"][0]  # type: ignore[index]
     assert all("prompt_token_ids" not in e for e in events[1:])
