@@ -42,22 +42,28 @@ ANSWER_CHUNKS = 120
 PROMPT_TOKENS = 12_000
 
 
+def _stream_chunks(**choice: object) -> list[bytes]:
+    """ANSWER_CHUNKS chunks of a streamed chat answer in vLLM's format, each choice with `choice`
+    added (`token_ids=True`: the chunk's one token id, as with `return_token_ids`)."""
+    out = []
+    for i in range(ANSWER_CHUNKS):
+        extra = {"token_ids": [1000 + i]} if choice.get("token_ids") else {}
+        body = {
+            "id": "chatcmpl-5f1e0c2a9b",
+            "object": "chat.completion.chunk",
+            "created": 1733300000,
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "choices": [
+                {"index": 0, "delta": {"content": f" token{i}"}, "logprobs": None, "finish_reason": None, **extra}
+            ],
+        }
+        out.append(b"data: " + orjson.dumps(body) + b"\n\n")
+    return out
+
+
 def _answer_chunks() -> Callable[[], object]:
     """Feeds one chunk of a streamed answer per call; a new reader every ANSWER_CHUNKS + 1."""
-    chunks = [
-        b"data: "
-        + orjson.dumps(
-            {
-                "id": "chatcmpl-5f1e0c2a9b",
-                "object": "chat.completion.chunk",
-                "created": 1733300000,
-                "model": "meta-llama/Llama-3.1-8B-Instruct",
-                "choices": [{"index": 0, "delta": {"content": f" token{i}"}, "logprobs": None, "finish_reason": None}],
-            }
-        )
-        + b"\n\n"
-        for i in range(ANSWER_CHUNKS)
-    ]
+    chunks = _stream_chunks()
     chunks.append(b"data: [DONE]\n\n")
     reader = AnswerReader(stream=True)
     position = 0
@@ -78,28 +84,7 @@ def _answer_chunks() -> Callable[[], object]:
 def _answer_ids_chunks() -> Callable[[], object]:
     """Passes one chunk of a streamed answer with its `token_ids` through the filter per call;
     a new filter every ANSWER_CHUNKS."""
-    chunks = [
-        b"data: "
-        + orjson.dumps(
-            {
-                "id": "chatcmpl-5f1e0c2a9b",
-                "object": "chat.completion.chunk",
-                "created": 1733300000,
-                "model": "meta-llama/Llama-3.1-8B-Instruct",
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"content": f" token{i}"},
-                        "logprobs": None,
-                        "finish_reason": None,
-                        "token_ids": [1000 + i],
-                    }
-                ],
-            }
-        )
-        + b"\n\n"
-        for i in range(ANSWER_CHUNKS)
-    ]
+    chunks = _stream_chunks(token_ids=True)
     ids = AnswerIds(lambda _: True)
     position = 0
 

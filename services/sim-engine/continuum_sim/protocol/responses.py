@@ -107,6 +107,23 @@ def usage_chunk(rid: str, model: str, created: int, obj: str, usage_body: dict[s
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage_body}
 
 
+def _completion_choice(
+    text: str, finish_reason: str | None, ids: tuple[list[int] | None, list[int]] | None
+) -> dict[str, Any]:
+    """One completion choice; `ids` (prompt or None, output): vLLM's `return_token_ids` fields."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+    }
+    if ids is not None:
+        choice["prompt_token_ids"] = ids[0]
+        choice["token_ids"] = ids[1]
+    return choice
+
+
 def completion(
     rid: str,
     model: str,
@@ -117,22 +134,12 @@ def completion(
     ids: tuple[list[int], list[int]] | None = None,
 ) -> dict[str, Any]:
     """`ids` (prompt, output): vLLM's `return_token_ids` fields, both in the choice."""
-    choice: dict[str, Any] = {
-        "index": 0,
-        "text": text,
-        "logprobs": None,
-        "finish_reason": finish_reason,
-        "stop_reason": None,
-    }
-    if ids is not None:
-        choice["token_ids"] = ids[1]
-        choice["prompt_token_ids"] = ids[0]
     return {
         "id": rid,
         "object": "text_completion",
         "created": now(),
         "model": model,
-        "choices": [choice],
+        "choices": [_completion_choice(text, finish_reason, ids)],
         "usage": usage_body,
         "system_fingerprint": None,
     }
@@ -150,22 +157,12 @@ def completion_chunk(
 ) -> dict[str, Any]:
     """`ids` (prompt or None, output): vLLM's `return_token_ids` fields in the choice, the
     prompt's on the first chunk only (null after it)."""
-    choice: dict[str, Any] = {
-        "index": 0,
-        "text": text,
-        "logprobs": None,
-        "finish_reason": finish_reason,
-        "stop_reason": None,
-    }
-    if ids is not None:
-        choice["prompt_token_ids"] = ids[0]
-        choice["token_ids"] = ids[1]
     chunk: dict[str, Any] = {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": [_completion_choice(text, finish_reason, ids)],
     }
     if include_usage:
         chunk["usage"] = None
