@@ -169,7 +169,8 @@ def test_a_line_past_the_bound_is_passed_on_and_not_learnt() -> None:
     piece = b'data: {"prompt_token_ids":[' + b"1," * (MAX_LINE // 2)
     out = ids.chunk(piece)
     assert out == piece and ids.broken
-    ids.chunk(b"1]}\n\n")
+    rest = b'1],"token_ids":[2]}\n\n'
+    assert ids.chunk(rest) == rest, "the rest of the answer goes as it is"
     assert ids.prompt() is None
 
 

@@ -169,8 +169,10 @@ class AnswerIds:
         return self._cut_all(rest) if rest else b""
 
     def _hold(self, data: bytes) -> bytes:
-        if len(data) > MAX_LINE:  # passed on as it is; the answer is not learnt from
-            self.broken = True
+        if len(data) > MAX_LINE:
+            # Passed on as it is, and so is the rest of the answer: cutting from a line whose
+            # beginning went out could leave it malformed. Nothing is learnt from it.
+            self.broken, self.strip = True, False
             return data
         self._pending = data
         return b""
