@@ -246,10 +246,6 @@ class AnswerIds:
         self.output_tokens = len(output)
         return prompt + output
 
-    def describe(self) -> dict[str, Any]:
-        """For tests and debugging: what was seen (counts only)."""
-        return {"asked": self.asked, "prompts": self._prompts, "outputs": len(self._outputs), "broken": self.broken}
-
 
 class AskForAnswerIds:
     """The body rewriter (hooks.BodyRewriter) that asks a vLLM backend for the token ids of a

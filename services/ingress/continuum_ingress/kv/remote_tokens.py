@@ -417,11 +417,6 @@ class RemoteTokens:
         another group's backend), and not after MAX_MISSING answers in a row came without them."""
         return self.member(backend) and self._missing.get(backend, 0) < MAX_MISSING
 
-    @staticmethod
-    def _output_tokens(state: RequestState) -> int:
-        ids = state.extras.get(ANSWER_IDS)
-        return ids.output_tokens if isinstance(ids, AnswerIds) else 0
-
     def _from_answer(self, state: RequestState, lesson: _Lesson) -> list[int] | None:
         """The lesson's tokens from the ids that came with the request's answer, or None (then
         /tokenize is asked). An answer that came whole without them counts against its backend."""
@@ -498,7 +493,7 @@ class RemoteTokens:
         # of the prompt and the answer, so the request's own messages are learnt exactly from
         # them, where the answer's lesson would estimate their end.
         keys = self.group.keys_from_tokens(state, tokens)
-        prompt = len(tokens) - self._output_tokens(state)
+        prompt = len(tokens) - state.extras[ANSWER_IDS].output_tokens  # set by answer()
         if own is not None and own.key not in self.known and prompt > 0:
             chain = keys.chain[: prompt // self.group.block_size]
             own_keys = RequestKeys("precise", chain, keys.tokens_per_key, prompt)
