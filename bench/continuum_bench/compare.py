@@ -6,8 +6,9 @@ each router, the router is started against that fleet, the fleet benchmark (benc
 the workload through it over real HTTP (engines' prefix caches reset before every run), and the
 router is stopped. Before each router starts, the engines are made as fresh as a new fleet's
 (`POST /sim/reset`: caches empty, KV event history forgotten), so a router's KV listener does
-not replay the event history of the routers that ran before it. The summary table (hit rate as a fraction of the ideal, TTFT percentiles,
-load imbalance) is printed and written to bench/results/compare-<workloads>.{md,json}.
+not replay the event history of the routers that ran before it. The summary table (hit rate
+as a fraction of the ideal, TTFT percentiles, load imbalance) is printed and written to
+bench/results/compare-<workloads>.{md,json}.
 
 Workloads: `shared-prompt`, `multi-turn`, `trace` (a Mooncake JSONL, `--trace PATH`) and
 `conversations` (production-shaped multi-turn chat, bench/continuum_bench/fleet/conversations.py). With

@@ -62,15 +62,16 @@ async def fresh_all(client: httpx.AsyncClient, urls: list[str]) -> None:
     and their KV event history forgotten. `bench compare` does it before it starts each router,
     so a router's KV listener does not replay the runs of the routers before it (a listener
     that starts replays all the engine still buffers, up to `--buffer-steps` batches)."""
-    for url in urls:
-        resp = await client.post(url + "/sim/reset", timeout=10.0)
-        if resp.status_code != 200:
-            raise RuntimeError(f"{url}: /sim/reset answered {resp.status_code}: {resp.text[:200]}")
+    await _post_all(client, urls, "/sim/reset")
 
 
 async def reset_all(client: httpx.AsyncClient, urls: list[str]) -> None:
     """POST /reset_prefix_cache everywhere, so each run starts cold (the engines must be idle)."""
+    await _post_all(client, urls, "/reset_prefix_cache")
+
+
+async def _post_all(client: httpx.AsyncClient, urls: list[str], path: str) -> None:
     for url in urls:
-        resp = await client.post(url + "/reset_prefix_cache", timeout=10.0)
+        resp = await client.post(url + path, timeout=10.0)
         if resp.status_code != 200:
-            raise RuntimeError(f"{url}: reset_prefix_cache answered {resp.status_code}: {resp.text[:200]}")
+            raise RuntimeError(f"{url}: {path} answered {resp.status_code}: {resp.text[:200]}")

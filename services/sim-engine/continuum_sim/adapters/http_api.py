@@ -1,8 +1,8 @@
 """The engine's HTTP API (FastAPI): vLLM's OpenAI-compatible routes plus Anthropic `/v1/messages`.
 
 Routes: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/messages, /tokenize,
-/detokenize, /reset_prefix_cache, /sim/reset (the simulator's own: as a fresh engine); GET /v1/models, /health, /version, /metrics,
-/v1/responses/{id}, /v1/responses/{id}/input_items; DELETE /v1/responses/{id}.
+/detokenize, /reset_prefix_cache, /sim/reset (the simulator's own: as a fresh engine); GET /v1/models,
+/health, /version, /metrics, /v1/responses/{id}, /v1/responses/{id}/input_items; DELETE /v1/responses/{id}.
 Bad input gets vLLM's error object (`{"error": {message, type, param, code}}`) or, on
 /v1/messages, Anthropic's; the engine keeps serving. A client that disconnects mid-request
 aborts it, which frees its KV blocks. /v1/responses keeps finished responses in a bounded
