@@ -6,10 +6,8 @@ once a request has been answered, and the client receives its answer without the
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
 import orjson
@@ -19,35 +17,28 @@ from continuum_common.procs import NatsServer
 from continuum_ingress.kv.known_prefixes import conversation_digests
 from continuum_ingress.kv.remote_tokens import MAX_MISSING
 from continuum_sim import EngineConfig, SimFleet
-from continuum_testing.ingress_harness import RunningIngress, running_ingress
+from continuum_testing.ingress_harness import RunningIngress
 from tests.integration.test_kv_remote_tokenize import (
     SYSTEM,
     answer_of,
     assert_learnt,
-    config,
+    assert_text_learnt,
     engine_chain,
     eventually,
     how,
     remote_text_key,
 )
+from tests.integration.test_kv_remote_tokenize import stack as remote_stack
 
 
 @asynccontextmanager
 async def stack(
-    nats_url: str, *, engine: EngineConfig | None = None, **group: Any
+    nats_url: str, *, engine: EngineConfig | None = None
 ) -> AsyncIterator[tuple[SimFleet, RunningIngress, httpx.AsyncClient]]:
     """Two engines and one ingress with a precise group at its defaults (new prompts off the
-    path, ids from the answers); `group` overrides."""
-    spec = {"tokenize_new_prompts": "off_path", "token_ids_from_answers": True, **group}
-    async with (
-        SimFleet(2, config=engine, time_scale=0.001) as fleet,
-        running_ingress(config(fleet, nats_url, **spec)) as ing,
-    ):
-        assert ing.app.kv is not None
-        async with asyncio.timeout(10):
-            await ing.app.kv.ready.wait()
-        async with httpx.AsyncClient(base_url=ing.url, timeout=10) as client:
-            yield fleet, ing, client
+    path, ids from the answers)."""
+    async with remote_stack(nats_url, engine=engine, tokenize_new_prompts="off_path", token_ids_from_answers=True) as s:
+        yield s
 
 
 def without_ids(response: httpx.Response, stream: bool) -> None:
@@ -144,13 +135,7 @@ async def test_a_completion_prompt_is_learnt_from_its_answers_ids(nats_server: N
         without_ids(r, False)
         home = r.headers["x-continuum-backend"]
         await eventually(lambda: how(ing, "answer_ids") == 1)
-        remote = ing.app.kv.selector.remote["fleet"]  # type: ignore[union-attr]
-        assert remote.texts is not None
-        learnt = remote.texts.find(remote_text_key(model, turn1))
-        e = fleet.endpoints[0]
-        async with httpx.AsyncClient(timeout=10) as c:
-            tokens = (await c.post(f"{e.url}/tokenize", json={"model": model, "prompt": turn1})).json()["tokens"]
-        assert learnt is not None and len(learnt[0].chain) == len(tokens) // e.block_size
+        await assert_text_learnt(ing, fleet, turn1)
 
         # the next turn extends it (streamed): matched by what was learnt, no call at all
         turn2 = turn1 + "Answer: revenue grew. Question: and the costs? "

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
-
 from continuum_common.procs import NatsServer
 from tests.integration.test_kv_remote_tokenize import (
     SYSTEM,
     ask,
     assert_learnt,
+    assert_text_learnt,
     complete,
     eventually,
     how,
-    remote_text_key,
     stack,
 )
 
@@ -63,13 +61,7 @@ async def test_a_new_completion_prompt_is_learnt_after_its_answer(nats_server: N
         home = await complete(client, model, turn1)
         assert how(ing, "new") == 1 and how(ing, "request") == 0
         await eventually(lambda: how(ing, "background") == 1)
-        remote = ing.app.kv.selector.remote["fleet"]  # type: ignore[union-attr]
-        assert remote.texts is not None
-        learnt = remote.texts.find(remote_text_key(model, turn1))
-        e = fleet.endpoints[0]
-        async with httpx.AsyncClient(timeout=10) as c:
-            tokens = (await c.post(f"{e.url}/tokenize", json={"model": model, "prompt": turn1})).json()["tokens"]
-        assert learnt is not None and len(learnt[0].chain) == len(tokens) // e.block_size
+        await assert_text_learnt(ing, fleet, turn1)
 
         # the next turn extends it: matched by what was learnt, no call, same engine
         assert await complete(client, model, turn1 + "Answer: revenue grew. Question: and the costs? ") == home

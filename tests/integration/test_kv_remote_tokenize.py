@@ -20,7 +20,7 @@ from continuum_common.hashing.blocks import make_block_hasher
 from continuum_common.procs import NatsServer
 from continuum_common.wire.decisions import Tokenized, encode_tokenized
 from continuum_ingress.kv.known_prefixes import conversation_digests
-from continuum_sim import SimFleet
+from continuum_sim import EngineConfig, SimFleet
 from continuum_testing.ingress_harness import RunningIngress, running_ingress
 
 SYSTEM = {"role": "system", "content": "You answer questions about the attached quarterly report. " * 80}
@@ -63,9 +63,14 @@ def config(fleet: SimFleet, nats_url: str, **group: Any) -> dict[str, Any]:
 
 @asynccontextmanager
 async def stack(
-    nats_url: str, time_scale: float = 0.001, **group: Any
+    nats_url: str, time_scale: float = 0.001, *, engine: EngineConfig | None = None, **group: Any
 ) -> AsyncIterator[tuple[SimFleet, RunningIngress, httpx.AsyncClient]]:
-    async with SimFleet(2, time_scale=time_scale) as fleet, running_ingress(config(fleet, nats_url, **group)) as ing:
+    """Two engines (`engine`: their configuration) and one ingress; `group` overrides the
+    match group's settings."""
+    async with (
+        SimFleet(2, config=engine, time_scale=time_scale) as fleet,
+        running_ingress(config(fleet, nats_url, **group)) as ing,
+    ):
         assert ing.app.kv is not None
         async with asyncio.timeout(10):
             await ing.app.kv.ready.wait()
@@ -449,6 +454,18 @@ async def test_the_smallest_known_part_used_is_configurable(nats_server: NatsSer
 def remote_text_key(model: str, prompt: str) -> bytes:
     """What RemoteTokens keys a completion prompt by (the context digest, then the text)."""
     return hashlib.blake2b(orjson.dumps([model, None]), digest_size=16).digest() + prompt.encode()
+
+
+async def assert_text_learnt(ing: RunningIngress, fleet: SimFleet, prompt: str) -> None:
+    """What the ingress remembers for the completion prompt covers the engine's own full
+    blocks of it."""
+    remote = ing.app.kv.selector.remote["fleet"]  # type: ignore[union-attr]
+    assert remote.texts is not None
+    e = fleet.endpoints[0]
+    learnt = remote.texts.find(remote_text_key(e.model, prompt))
+    async with httpx.AsyncClient(timeout=10) as c:
+        tokens = (await c.post(f"{e.url}/tokenize", json={"model": e.model, "prompt": prompt})).json()["tokens"]
+    assert learnt is not None and len(learnt[0].chain) == len(tokens) // e.block_size
 
 
 async def test_token_id_prompts_are_matched_by_their_own_ids_without_any_call(nats_server: NatsServer) -> None:

@@ -17,8 +17,8 @@ from continuum_common.procs import NatsServer
 from continuum_ingress.kv.known_prefixes import conversation_digests
 from continuum_sim import EngineConfig, SimFleet
 from continuum_sim.policy.timing import TimingConfig
-from continuum_testing.ingress_harness import RunningIngress, running_ingress
-from tests.integration.test_kv_remote_tokenize import SYSTEM, ask, config, engine_chain, eventually, how
+from continuum_testing.ingress_harness import RunningIngress
+from tests.integration.test_kv_remote_tokenize import SYSTEM, ask, engine_chain, eventually, how, stack
 
 QUESTION = [SYSTEM, {"role": "user", "content": "What was the revenue?"}]
 
@@ -29,15 +29,8 @@ async def slow_tokenize_stack(
 ) -> AsyncIterator[tuple[SimFleet, RunningIngress, httpx.AsyncClient]]:
     """Two engines whose `/tokenize` answers after `tokenize_s` real seconds."""
     engine = EngineConfig(timing=TimingConfig(tokenize_s=tokenize_s))
-    async with (
-        SimFleet(2, config=engine, time_scale=1.0) as fleet,
-        running_ingress(config(fleet, nats_url, **group)) as ing,
-    ):
-        assert ing.app.kv is not None
-        async with asyncio.timeout(10):
-            await ing.app.kv.ready.wait()
-        async with httpx.AsyncClient(base_url=ing.url, timeout=10) as client:
-            yield fleet, ing, client
+    async with stack(nats_url, 1.0, engine=engine, **group) as s:
+        yield s
 
 
 async def test_a_late_tokenize_answer_does_not_hold_the_request(nats_server: NatsServer) -> None:
