@@ -1,4 +1,4 @@
-"""Token ids returned with the answers (`token_ids_from_answers`, the default for vLLM groups)
+"""Token ids returned with the answers (`token_ids_from_answers`, for vLLM groups)
 in a real ingress in front of real simulated engines over loopback HTTP: the ingress asks the
 engine for them (vLLM's `return_token_ids`), learns from them instead of calling /tokenize
 once a request has been answered, and the client receives its answer without them

@@ -51,12 +51,14 @@ def config(fleet: SimFleet, nats_url: str, **group: Any) -> dict[str, Any]:
         "prefix_routing": {"enabled": True},
         "bus": {"embedded": False, "url": nats_url, "request_timeout_ms": 500},
         # Two engines and a handful of requests: conversation starts stay with their system
-        # prompt's holder however busy it is, so where a request lands shows what it matched.
+        # prompt's holder however busy it is, and a request's demand is mostly its prompt's
+        # new tokens (not the default 3,000 per request, which at three requests would move a
+        # prompt holding a quarter of itself), so where a request lands shows what it matched.
         "kv_cache_index": {
             "enabled": True,
             "backend": "memory",
             "groups": [spec],
-            "scoring": {"cost": {"placement_tolerance": 10.0}},
+            "scoring": {"cost": {"placement_tolerance": 10.0, "placement_request_tokens": 256}},
         },
     }
 

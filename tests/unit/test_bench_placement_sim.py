@@ -54,6 +54,21 @@ def test_the_cost_model_balances_and_counts_what_it_moves(texts: Texts) -> None:
     assert tight.moves["placed"] > out.moves["placed"] and tight.hit_ideal < out.hit_ideal
 
 
+def test_demand_counted_by_requests_places_documents_by_where_requests_go(texts: Texts) -> None:
+    requests, _ = sim.shared_prompt(1, texts)
+    # The defaults count each request as 3,000 tokens of demand: a new document goes where the
+    # documents already placed draw the fewest requests, and no popular one needs a copy later.
+    # Counted by prefill (256 per request), documents spread by number and the balance costs
+    # copies, each a full prefill of a shared document.
+    by_requests = sim.replay(requests, [], sim.make_policy("default"), block=16, capacity=1500, cost=CostModel())
+    by_prefill = "placement_request_tokens=256,placement_tolerance_tokens=4000"
+    cost = CostModel(placement_request_tokens=256, placement_tolerance_tokens=4000)
+    old = sim.replay(requests, [], sim.make_policy(by_prefill), block=16, capacity=1500, cost=cost)
+    assert by_requests.imbalance < 1.3 and old.imbalance < 1.3
+    assert by_requests.hit_ideal > old.hit_ideal
+    assert by_requests.moves["placed"] < old.moves["placed"]
+
+
 def test_multi_turn_conversations_grow_and_their_answers_are_cached(texts: Texts) -> None:
     _, follow = sim.multi_turn(1, texts)
     assert len(follow) == 64

@@ -22,7 +22,14 @@ from continuum_ingress.policy.kv_cost import (
 from continuum_ingress.policy.kv_scoring import Weights
 from continuum_ingress.policy.scorer import HoldingTier
 
-P = CostParams(prefill_tokens_per_second=10_000, per_request_s=0.002, storage_token_cost=0.25, epsilon=0.25)
+# demands in these tests are a few thousand tokens: the tolerance floor is set to match
+P = CostParams(
+    prefill_tokens_per_second=10_000,
+    per_request_s=0.002,
+    storage_token_cost=0.25,
+    epsilon=0.25,
+    placement_tolerance_tokens=4000.0,
+)
 
 
 def loads(*in_flight: int, queued: tuple[int, ...] = ()) -> list[CandidateLoad]:

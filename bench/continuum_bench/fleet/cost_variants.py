@@ -8,7 +8,8 @@ remembered part used (`tokenize_memory_min_tokens`), `tol<δ>` `placement_tolera
 `place_new_prefixes` (the strategy places prompts nobody holds), `offpath` sets
 `tokenize_new_prompts: off_path` (the default now; the name stays for the runs recorded before),
 `onpath` sets `on_path`, `wait<ms>` `on_path` with `tokenize_wait_ms`, `tokenize` turns off
-`token_ids_from_answers` (an off-path /tokenize per request instead). `pen<n>` sets only
+`token_ids_from_answers` (an off-path /tokenize per request: the default now; the name stays for
+the runs recorded before), `ids` turns it on. `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
 
@@ -124,6 +125,17 @@ for _setting in ("off_path", "on_path"):
 for _wait in (0, 5, 10, 20, 50):
     _group_variant(f"wait{_wait}", (("tokenize_new_prompts", "on_path"), ("tokenize_wait_ms", _wait)))
 
-# Learn from an off-path /tokenize per request instead of the ids the engine returns with its
-# answers (token_ids_from_answers, the default).
+# Learn from an off-path /tokenize per request (the default), or from the ids the engine returns
+# with its answers (token_ids_from_answers).
 _group_variant("tokenize", (("token_ids_from_answers", False),))
+_group_variant("ids", (("token_ids_from_answers", True),))
+
+# Demand counted mostly by requests: each routed request as `req<n>` new tokens, with the
+# tolerance floor `tt<k>` thousand tokens scaled to match (placement_tolerance_tokens).
+for _req, _floor in ((3000, 80), (3000, 40), (1000, 20)):
+    _name = f"continuum-kv-precise-req{_req}-tt{_floor}k"
+    _by_requests: tuple[tuple[str, float | bool], ...] = (
+        ("placement_request_tokens", _req),
+        ("placement_tolerance_tokens", _floor * 1000.0),
+    )
+    register_stack(_name, KvStack(_name, "memory", "precise", "blocks", cost=_by_requests))

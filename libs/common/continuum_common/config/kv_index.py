@@ -52,15 +52,18 @@ class CostModel(Section):
     # and cache space on every backend that holds it; balance comes first from where new
     # prefixes go.
     placement_tolerance: float = Field(0.2, ge=0.0, le=10.0)
-    placement_tolerance_tokens: float = Field(4000.0, ge=0.0, le=1e9)
+    placement_tolerance_tokens: float = Field(80_000.0, ge=0.0, le=1e9)
     # A prompt no backend holds any of (a new document or system prompt) goes to the backend
     # with the least recent demand. False: the configured selection_strategy picks it (on
     # PrefixAwareHash, by the hash of its prefix, whatever the backend's load).
     place_new_prefixes: bool = True
     # In that measure every request routed also counts as this many new prompt tokens: a backend
     # whose requests all hit its cache still decodes them and takes their slots, and without it
-    # would look idle and attract every new conversation.
-    placement_request_tokens: float = Field(256.0, ge=0.0, le=1e6)
+    # would look idle and attract every new conversation. At 3,000 the measure follows where
+    # requests go more than what they prefill, so a new document goes where its holder's
+    # popular documents do not already draw the requests, and the tolerance above is about
+    # 20% more requests than the mean.
+    placement_request_tokens: float = Field(3000.0, ge=0.0, le=1e6)
     # Half-life of that recent-demand measure.
     demand_half_life_seconds: float = Field(60.0, gt=0.0, le=86_400.0)
     # A conversation's first turn commits its backend to the later turns, which that measure
@@ -242,8 +245,10 @@ class MatchGroup(Section):
     # 0.10.2 and later; cut out of what the client receives unless it asked for them) and learn
     # from them instead of an off-path /tokenize per request: the engine tokenizes each prompt
     # once instead of twice. A backend whose answers carry no ids (an older vLLM) is asked no
-    # more after a few of them, and /tokenize is used for it (docs/kv-scorer.md).
-    token_ids_from_answers: bool = True
+    # more after a few of them, and /tokenize is used for it (docs/kv-scorer.md). Off by
+    # default: on the public conversation trace it kept 0.01 less of the ideal hit rate than
+    # /tokenize in two runs (docs/benchmarks.md, "Token ids from the answer").
+    token_ids_from_answers: bool = False
     approximate: ApproximateMatching = ApproximateMatching()
 
     @model_validator(mode="after")

@@ -97,7 +97,7 @@ class CostParams:
     bound_slack: int = 0
     placement_miss_penalty: float = 3.0
     placement_tolerance: float = 0.2
-    placement_tolerance_tokens: float = 4000.0
+    placement_tolerance_tokens: float = 80_000.0
     place_new_prefixes: bool = True
 
     @classmethod
