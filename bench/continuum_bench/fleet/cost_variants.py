@@ -9,7 +9,8 @@ remembered part used (`tokenize_memory_min_tokens`), `tol<δ>` `placement_tolera
 `tokenize_new_prompts: off_path` (the default now; the name stays for the runs recorded before),
 `onpath` sets `on_path`, `wait<ms>` `on_path` with `tokenize_wait_ms`, `tokenize` turns off
 `token_ids_from_answers` (an off-path /tokenize per request: the default now; the name stays for
-the runs recorded before), `ids` turns it on. `pen<n>` sets only
+the runs recorded before), `ids` turns it on, `req<n>-tt<k>k` sets `placement_request_tokens`
+and `placement_tolerance_tokens` (k thousand). `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
 
@@ -130,9 +131,9 @@ for _wait in (0, 5, 10, 20, 50):
 _group_variant("tokenize", (("token_ids_from_answers", False),))
 _group_variant("ids", (("token_ids_from_answers", True),))
 
-# Demand counted mostly by requests: each routed request as `req<n>` new tokens, with the
-# tolerance floor `tt<k>` thousand tokens scaled to match (placement_tolerance_tokens).
-for _req, _floor in ((3000, 80), (3000, 40), (1000, 20)):
+# Placement demand: each routed request as `req<n>` new tokens, with the tolerance floor
+# `tt<k>` thousand tokens (placement_tolerance_tokens): the defaults now, and the setting before.
+for _req, _floor in ((3000, 80), (256, 4)):
     _name = f"continuum-kv-precise-req{_req}-tt{_floor}k"
     _by_requests: tuple[tuple[str, float | bool], ...] = (
         ("placement_request_tokens", _req),
