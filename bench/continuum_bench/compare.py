@@ -15,6 +15,9 @@ Workloads: `shared-prompt`, `multi-turn`, `trace` (a Mooncake JSONL, `--trace PA
 `--tokenizer hf` the engines and the workloads share a small trained Hugging Face tokenizer.
 `--count-engine-calls` puts a counting tap in front of every engine and reports the calls each
 router makes per routed request (`/tokenize`, health checks, metrics polls, ...).
+`--request-log` also writes every run's requests, one JSON line each, in send order
+(`compare-<workload>-<router>.requests.jsonl`: the backend chosen when the router names it,
+cached and ideal tokens, TTFT), so two runs can be compared request by request.
 
 Built-in routers (each a real process tree, nothing in the benchmark's own event loop) are
 listed in bench/continuum_bench/fleet/continuum.py; `direct-round-robin` and `direct-prefix-hash` are the
@@ -76,7 +79,7 @@ from continuum_bench.fleet.harness import (
     router_urls,
     wait_until,
 )
-from continuum_bench.fleet.report import markdown_row
+from continuum_bench.fleet.report import REQUEST_LOG_HELP, markdown_row
 from continuum_bench.fleet.responses_form import API_FORMS
 from continuum_bench.fleet.runner import (
     WORKLOADS,
@@ -284,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--restart-router-at", type=float, metavar="SECONDS",
         help="restart the router's front process this many seconds into every run (hits before and after)",
     )  # fmt: skip
+    p.add_argument("--request-log", action="store_true", help=REQUEST_LOG_HELP)
     p.add_argument(
         "--count-engine-calls", action="store_true",
         help="count every HTTP call the router makes to the engines (a loopback tap in front of each engine)",
@@ -341,7 +345,7 @@ def options(args: argparse.Namespace, argv: Sequence[str]) -> FleetBenchOptions:
         output_tokens=args.output_tokens, conversations=args.conversations, system_prompts=args.system_prompts,
         duration=args.duration, trace=args.trace, trace_duration=args.trace_duration, trace_limit=args.trace_limit,
         trace_start=args.trace_start, out_dir=args.out_dir, in_process=args.in_process, engine_processes=args.engine_processes, plot=False, progress=sys.stderr.isatty(),
-        api_form=args.api_form, restart_router_at=args.restart_router_at,
+        api_form=args.api_form, restart_router_at=args.restart_router_at, request_log=args.request_log,
         command="continuum-router bench compare " + shlex.join(argv),
     )  # fmt: skip
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from continuum_bench.compare import ROUTERS, compare, front, router, write_summary
 from continuum_bench.fleet.harness import FleetContext
-from continuum_bench.fleet.runner import FleetBenchOptions, run_fleet_bench
+from continuum_bench.fleet.runner import FleetBenchOptions, report_and_print, run_fleet_bench
 from continuum_bench.fleet.tap import EngineTap
 from continuum_sim import SimFleet
 
@@ -229,3 +230,31 @@ async def test_a_router_that_does_not_come_back_fails_its_run_and_the_comparison
     assert reports == [] and starts == [0, 1]
     assert [f["router"] for f in failures] == ["test-fragile"]
     assert "the interruption at 0.5 s failed: the new process exited at once" in failures[0]["error"]
+
+
+async def test_request_log_names_the_backend_the_ingress_chose(tmp_path: Path) -> None:
+    """`request_log`: one line per request in send order, with the backend Continuum's ingress
+    named in its answer header, which is the engine that really served it."""
+    from continuum_testing.ingress_harness import running_ingress
+
+    async with SimFleet(2, time_scale=0.01) as fleet:
+        info = tmp_path / "fleet.json"
+        fleet.write_info(info)
+        config = {"backends": fleet.router_backends(), "selection_strategy": "PrefixAwareHash",
+                  "prefix_routing": {"enabled": True}}  # fmt: skip
+        async with running_ingress(config) as ing:
+            opts = FleetBenchOptions(
+                router=ing.url, router_label="ingress", workload="shared-prompt", time_scale=0.01, requests=10,
+                rate=50, docs=3, doc_tokens=200, output_tokens=4, fleet_file=str(info), progress=False, plot=False,
+                wait_for_router=5, out_dir=str(tmp_path), name="logged", request_log=True,
+            )  # fmt: skip
+            report, results = await run_fleet_bench(opts)
+            report_and_print(report, results, opts)
+    lines = [json.loads(line) for line in (tmp_path / "logged.requests.jsonl").read_text().splitlines()]
+    assert len(lines) == 10 and all(line["ok"] for line in lines)
+    assert [line["sent_at"] for line in lines] == sorted(line["sent_at"] for line in lines)
+    names = [e.name for e in fleet.endpoints]
+    served = {e["name"]: e["requests"] for e in report["results"]["per_engine"]}
+    assert {name: sum(line["backend"] == name for line in lines) for name in names} == served
+    assert all(set(line) >= {"prompt_tokens", "cached_tokens", "ideal_hit_tokens", "ttft"} for line in lines)
+    assert not any(isinstance(v, str) and len(v) > 40 for line in lines for v in line.values()), "no text"

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from continuum_bench.fleet.report import REQUEST_LOG_HELP
 from continuum_bench.fleet.responses_form import API_FORMS
 from continuum_bench.fleet.runner import WORKLOADS, FleetBenchOptions, report_and_print, run_fleet_bench
 from continuum_bench.fleet.tokens import TOKENIZER_CHOICES, train_hf_tokenizer
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--out-dir", default=d.out_dir)
     o.add_argument("--name", help="file stem of the results (default fleet-<workload>-<router>)")
     o.add_argument("--no-plot", dest="plot", action="store_false")
+    o.add_argument("--request-log", action="store_true", help=REQUEST_LOG_HELP)
     o.add_argument("--no-progress", dest="progress", action="store_false")
     o.add_argument("--request-timeout", type=float, default=d.request_timeout, help="real seconds per request")
     return p

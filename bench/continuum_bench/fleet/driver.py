@@ -43,6 +43,9 @@ from continuum_bench.fleet.tokens import TokenCodec
 from continuum_bench.fleet.workloads import BenchRequest, Session, Workload
 from continuum_common.hashing import request_prefix_key
 
+# Continuum's ingress names the backend it forwarded to in this answer header.
+BACKEND_HEADER = "x-continuum-backend"
+
 
 class InterruptFailed(RuntimeError):
     """The interruption's action failed (a restarted router did not come back): the run stops."""
@@ -61,6 +64,9 @@ class RequestResult:
     completion_tokens: int
     ideal_hit_tokens: int
     replica: int | None = None  # which router replica (url mode) took the request
+    # The backend the router says it chose (Continuum's `x-continuum-backend` answer header);
+    # None from routers that do not say.
+    backend: str | None = None
 
 
 class Progress:
@@ -227,9 +233,10 @@ class Driver:
         self.progress.update()
         text, error, ttft, response_id = "", None, None, None
         usage: dict[str, Any] = {}
+        routed: list[str] = []  # the chosen backend, when the router names it
         try:
             async with asyncio.timeout(self.request_timeout):
-                text, ttft, usage, response_id = await self._stream(client, base + path, body, form, sent)
+                text, ttft, usage, response_id = await self._stream(client, base + path, body, form, sent, routed)
         except (httpx.HTTPError, TimeoutError, ValueError, KeyError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
         end = time.monotonic()
@@ -254,6 +261,7 @@ class Driver:
             completion_tokens=int(usage.get("completion_tokens", 0)),
             ideal_hit_tokens=ideal_hit,
             replica=replica,
+            backend=routed[0] if routed else None,
         )
         self.results.append(result)
         self.progress.done += 1
@@ -262,13 +270,15 @@ class Driver:
         return result, text
 
     async def _stream(
-        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], api: str, sent: float
+        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], api: str, sent: float, routed: list[str]
     ) -> tuple[str, float | None, dict[str, Any], str | None]:
         parts: list[str] = []
         ttft: float | None = None
         usage: dict[str, Any] = {}
         response_id: str | None = None
         async with client.stream("POST", url, json=body) as resp:
+            if backend := resp.headers.get(BACKEND_HEADER):
+                routed.append(backend)
             if resp.status_code != 200:
                 detail = (await resp.aread())[:200].decode(errors="replace")
                 raise ValueError(f"HTTP {resp.status_code}: {detail}")

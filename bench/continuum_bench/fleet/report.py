@@ -17,6 +17,11 @@ import numpy as np
 from continuum_bench.fleet.driver import RequestResult
 from continuum_bench.fleet.scrape import EngineCounters
 
+REQUEST_LOG_HELP = (
+    "also write <name>.requests.jsonl: per request, in send order, the backend the router chose (when it names "
+    "it), cached against ideal tokens, TTFT and E2E (counts and times only, no text)"
+)
+
 MD_HEADER = (
     "| run | router | workload | engines | requests | errors | hit rate | ideal | hit/ideal | TTFT p50 | TTFT p90 | TTFT p99 "
     "| E2E p50 | E2E p99 | req/s | out tok/s | imbalance req | imbalance tok |\n"
@@ -179,17 +184,40 @@ def markdown(report: dict[str, Any]) -> str:
     return "".join(lines)
 
 
-def write_outputs(report: dict[str, Any], results: Sequence[RequestResult], out_dir: Path, *, plot: bool) -> list[Path]:
+def write_outputs(
+    report: dict[str, Any], results: Sequence[RequestResult], out_dir: Path, *, plot: bool, request_log: bool = False
+) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     name = report["name"]
     paths = [out_dir / f"{name}.json", out_dir / f"{name}.md"]
     paths[0].write_text(json.dumps(report, indent=2) + "\n")
     paths[1].write_text(markdown(report))
+    if request_log:
+        paths.append(out_dir / f"{name}.requests.jsonl")
+        paths[-1].write_text("".join(json.dumps(line) + "\n" for line in request_lines(results, report["time_scale"])))
     if plot:
         png = out_dir / f"{name}.png"
         if _plot(report, results, png):
             paths.append(png)
     return paths
+
+
+def request_lines(results: Sequence[RequestResult], scale: float) -> list[dict[str, Any]]:
+    """One record per request, in the order they were sent: when, where the router sent it (when
+    it says), what the engine had cached against what the ideal cache would have, and the
+    latencies, in simulated seconds as in the report. Counts and times only, never text: two
+    runs of one workload can be compared request by request (the n-th request sent is the same
+    request in both, but for requests sent at the same instant)."""
+    out = []
+    for r in sorted(results, key=lambda r: r.sent_at):
+        out.append({
+            "sent_at": round(r.sent_at / scale, 6), "ok": r.ok, "backend": r.backend, "replica": r.replica,
+            "engine": r.engine, "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
+            "ideal_hit_tokens": r.ideal_hit_tokens, "completion_tokens": r.completion_tokens,
+            "ttft": None if r.ttft is None else round(r.ttft / scale, 6),
+            "e2e": None if r.e2e is None else round(r.e2e / scale, 6),
+        })  # fmt: skip
+    return out
 
 
 def _plot(report: dict[str, Any], results: Sequence[RequestResult], path: Path) -> bool:

@@ -81,6 +81,8 @@ class FleetBenchOptions:
     out_dir: str = "bench/results"
     name: str | None = None
     plot: bool = True
+    # also write <name>.requests.jsonl: one line per request (fleet/report.py `request_lines`)
+    request_log: bool = False
     progress: bool = True
     print_backends: bool = False
     write_backends: str | None = None
@@ -392,6 +394,6 @@ def restart_summary(results: list[RequestResult], began: float, seconds: float, 
 
 
 def report_and_print(report: dict[str, Any], results: list[RequestResult], opts: FleetBenchOptions) -> list[Path]:
-    paths = write_outputs(report, results, Path(opts.out_dir), plot=opts.plot)
+    paths = write_outputs(report, results, Path(opts.out_dir), plot=opts.plot, request_log=opts.request_log)
     print(MD_HEADER + markdown_row(report), end="")
     return paths
