@@ -201,20 +201,31 @@ def table(reports: Sequence[dict[str, Any]]) -> str:
 
 def added_table(reports: Sequence[dict[str, Any]]) -> str:
     """Mean time to first token seen by the engines and by the client, and the difference:
-    what each router added (its request path and the first chunk's way back)."""
+    what each router added (its request path and the first chunk's way back). With engines
+    that report it, also their front time (tokenizing before their clock starts) and the
+    router's share without it."""
     rows = []
     for report in reports:
         res = report["results"]
         engine = res.get("engine_ttft_s")
         if engine and res["ttft_s"]["mean"] is not None:
+            front, net = engine.get("engine_front_mean"), engine.get("router_added_net_mean")
             rows.append(
                 f"| {report['workload']['workload']} | {report['router']} | {engine['mean'] * 1000:.2f} | "
-                f"{res['ttft_s']['mean'] * 1000:.2f} | {engine['router_added_mean'] * 1000:.2f} |"
+                f"{res['ttft_s']['mean'] * 1000:.2f} | {engine['router_added_mean'] * 1000:.2f} | "
+                f"{_ms(front)} | {_ms(net)} |"
             )
     if not rows:
         return ""
-    head = "| workload | router | engine TTFT mean (ms) | client TTFT mean (ms) | router added (ms) |\n"
-    return head + "|---|---|---:|---:|---:|\n" + "\n".join(rows) + "\n"
+    head = (
+        "| workload | router | engine TTFT mean (ms) | client TTFT mean (ms) | router added (ms) "
+        "| engine front (ms) | router added, front taken out (ms) |\n"
+    )
+    return head + "|---|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
+
+
+def _ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1000:.2f}"
 
 
 def calls_table(reports: Sequence[dict[str, Any]], *, columns: int = 6) -> str:

@@ -60,8 +60,12 @@ def test_bench_fleet_direct_round_robin(workload: str, tmp_path: Path) -> None:
     engine_ttft = res["engine_ttft_s"]
     assert 0.0 < engine_ttft["mean"] <= res["ttft_s"]["mean"], "an engine times a request inside the client's time"
     assert engine_ttft["router_added_mean"] == pytest.approx(res["ttft_s"]["mean"] - engine_ttft["mean"])
+    assert engine_ttft["engine_front_mean"] > 0, "the engines tokenized before their clock started"
+    net = engine_ttft["router_added_mean"] - engine_ttft["engine_front_mean"]
+    assert engine_ttft["router_added_net_mean"] == pytest.approx(net)
     text = (tmp_path / "run.md").read_text()
     assert "| run | direct-round-robin |" in text and "Time to first token, mean: engines" in text
+    assert "Before their clock started the engines spent" in text
     assert (tmp_path / "run.png").stat().st_size > 1000
 
 

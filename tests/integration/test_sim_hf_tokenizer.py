@@ -183,6 +183,36 @@ async def test_the_model_directory_template_is_the_default(files: TokenizerFiles
         assert fleet.endpoints[0].chat_template == str(files.chat_template)  # chat_template.jinja beside it
 
 
+async def test_sim_reset_forgets_the_tokenizations_and_the_front_time_is_reported(
+    files: TokenizerFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reset engine tokenizes again what it tokenized before (a router benchmarked after
+    another must not get its prompts' tokenizations for free), and /metrics reports the time
+    spent before the engine's clock starts."""
+    async with (
+        SimFleet(config=hf_config(files), time_scale=0.001) as fleet,
+        httpx.AsyncClient(base_url=fleet.urls[0], timeout=20) as http,
+    ):
+        tokenizer = fleet.engines[0].codec.tokenizer  # type: ignore[attr-defined]
+        calls: list[str] = []
+        encode = tokenizer.encode
+        monkeypatch.setattr(tokenizer, "encode", lambda text, **kw: calls.append(text) or encode(text, **kw))
+        body = {"prompt": "The shared manual says the cache is warm. " * 40, "max_tokens": 2}
+        for _ in range(2):
+            assert (await http.post("/v1/completions", json=body)).status_code == 200
+        assert len(calls) == 1, "the second request's prompt came from the span cache"
+        assert (await http.post("/sim/reset")).status_code == 200
+        assert (await http.post("/v1/completions", json=body)).status_code == 200
+        assert len(calls) == 2, "after a reset the prompt is tokenized again"
+        metrics = (await http.get("/metrics")).text
+        count = next(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("continuum_sim_request_front_seconds_count")
+        )
+        assert count == 3
+
+
 async def test_bad_tokenizer_files_fail_clearly(tmp_path: Path, files: TokenizerFiles) -> None:
     with pytest.raises(SimError, match="tokenizer file not found"):
         async with SimFleet(config=replace(hf_config(files), tokenizer=str(tmp_path / "nope.json"))):

@@ -83,7 +83,7 @@ def summarize(
         "ideal_hit_rate_unbounded": ideal_unbounded,
         "hit_rate_vs_ideal": (hit_rate / ideal) if ideal > 0 else None,
         "ttft_s": ttft,
-        "engine_ttft_s": _engine_ttft(deltas, ttft),
+        "engine_ttft_s": _engine_ttft(deltas, ttft, time_scale),
         "e2e_s": _percentiles([r.e2e for r in ok if r.e2e is not None], time_scale),
         "duration_real_s": duration_real,
         "duration_sim_s": duration_sim,
@@ -101,19 +101,31 @@ def summarize(
     }
 
 
-def _engine_ttft(deltas: Sequence[EngineCounters], client: dict[str, float | None]) -> dict[str, float] | None:
+def _engine_ttft(
+    deltas: Sequence[EngineCounters], client: dict[str, float | None], time_scale: float
+) -> dict[str, float] | None:
     """Mean time to first token the engines saw, and what the router added to it on average.
 
     The engines time a request from its arrival, the client from its send: the difference of the
     means is the router's request path plus the first chunk's way back through it (the client's
     own overhead is the same for every router). None when the engines do not report it.
+
+    Engines that report their front time (the simulator: reading the body, rendering and
+    tokenizing before its clock starts) also give `engine_front_mean` and
+    `router_added_net_mean`, the router's share with that engine work taken out.
     """
     count = sum(d.ttft_count for d in deltas)
     client_mean = client["mean"]
     if count <= 0 or client_mean is None:
         return None
     mean = sum(d.ttft_sum for d in deltas) / count
-    return {"mean": mean, "router_added_mean": client_mean - mean}
+    out = {"mean": mean, "router_added_mean": client_mean - mean}
+    front_count = sum(d.front_count for d in deltas)
+    if front_count > 0:
+        front = sum(d.front_sum for d in deltas) / front_count / time_scale  # real → simulated s
+        out["engine_front_mean"] = front
+        out["router_added_net_mean"] = client_mean - mean - front
+    return out
 
 
 def _per_replica(results: Sequence[RequestResult], replicas: Sequence[str]) -> list[dict[str, Any]]:
@@ -165,6 +177,11 @@ def markdown(report: dict[str, Any]) -> str:
             f"\nTime to first token, mean: engines {eng['mean'] * 1000:.2f} ms from arrival; "
             f"the router added {eng['router_added_mean'] * 1000:.2f} ms (client mean minus engine mean)\n"
         )
+        if "engine_front_mean" in eng:
+            lines.append(
+                f"Before their clock started the engines spent {eng['engine_front_mean'] * 1000:.2f} ms on a request"
+                f" (body, template, tokenizing): the router's own share is {eng['router_added_net_mean'] * 1000:.2f} ms\n"
+            )
     if res.get("per_replica") and len(res["per_replica"]) > 1:
         lines.append(
             "\nRequests per router replica: "

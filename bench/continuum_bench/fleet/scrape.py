@@ -19,6 +19,10 @@ WANTED = {
     # what the router in front added (its request path and the first chunk's way back).
     "vllm:time_to_first_token_seconds_sum": "ttft_sum",
     "vllm:time_to_first_token_seconds_count": "ttft_count",
+    # The simulator's time before that clock starts (body, chat template, tokenizing): the
+    # engine's own work, which routers should not be charged with.
+    "continuum_sim_request_front_seconds_sum": "front_sum",
+    "continuum_sim_request_front_seconds_count": "front_count",
 }
 
 
@@ -32,6 +36,8 @@ class EngineCounters:
     preemptions: float = 0.0
     ttft_sum: float = 0.0
     ttft_count: float = 0.0
+    front_sum: float = 0.0
+    front_count: float = 0.0
 
     def minus(self, other: EngineCounters) -> EngineCounters:
         return EngineCounters(**{k: getattr(self, k) - getattr(other, k) for k in self.__dataclass_fields__})

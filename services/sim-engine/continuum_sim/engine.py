@@ -204,13 +204,15 @@ class SimEngine:
 
     def reset(self) -> bool:
         """As a freshly started engine (the simulator's POST /sim/reset): the prefix cache
-        emptied, as `reset_prefix_cache` does, and the KV event history kept for replay
-        forgotten, so a subscriber that starts now replays nothing from before. Refused while
-        any request holds blocks."""
+        emptied, as `reset_prefix_cache` does, the KV event history kept for replay
+        forgotten, so a subscriber that starts now replays nothing from before, and the
+        tokenizer's caches emptied, so the next run pays for its tokenization as the first one
+        did. Refused while any request holds blocks."""
         if not self.reset_prefix_cache():
             return False
         if self.events is not None:
             self.events.forget()
+        self.codec.clear_caches()
         return True
 
     # -- the step loop --------------------------------------------------------------------

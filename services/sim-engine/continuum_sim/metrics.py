@@ -81,6 +81,13 @@ class EngineMetrics:
             "vllm:e2e_request_latency_seconds", "End-to-end request latency (simulated seconds).", labels,
             buckets=_E2E_BUCKETS, registry=r,
         ).labels(*values)  # fmt: skip
+        # Before the engine's clock starts: what a router's "added" time must not be charged with.
+        self.front = Histogram(
+            "continuum_sim_request_front_seconds",
+            "Real seconds from a generation request's arrival to its submission to the scheduler"
+            " (reading the body, rendering the chat template, tokenizing).",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self._simulator_metrics(r)
 
     def _simulator_metrics(self, r: CollectorRegistry) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -91,8 +92,14 @@ class EngineApi:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _submit(self, ids: list[int], params: GenerateParams) -> RequestHandle:
-        return self.engine.submit(ids, max_tokens=params.max_tokens, cache_salt=params.cache_salt, seed=params.seed)
+    def _submit(self, ids: list[int], params: GenerateParams, arrived: float) -> RequestHandle:
+        handle = self.engine.submit(ids, max_tokens=params.max_tokens, cache_salt=params.cache_salt, seed=params.seed)
+        self._front(arrived)
+        return handle
+
+    def _front(self, arrived: float) -> None:
+        """Record the time before the engine's clock started (`arrived`: perf_counter())."""
+        self.engine.metrics.front.observe(time.perf_counter() - arrived)
 
     async def _finish(self, handle: RequestHandle) -> list[int]:
         try:
@@ -135,6 +142,7 @@ class EngineApi:
     # -- OpenAI chat / completions ----------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
+        arrived = time.perf_counter()
         body = await read_json(request)
         params = self._params(body)
         messages = chat_messages(body)
@@ -144,7 +152,7 @@ class EngineApi:
             continue_final_message=body.get("continue_final_message") is True,
         )
         prompt_ids = self.codec.encode(text, add_special_tokens=False)
-        handle = self._submit(prompt_ids, params)
+        handle = self._submit(prompt_ids, params, arrived)
         if params.stream:
             return self._stream(self._chat_events(handle, params, prompt_ids), handle)
         tokens = await self._finish(handle)
@@ -181,11 +189,12 @@ class EngineApi:
         yield r.SSE_DONE
 
     async def completions(self, request: Request) -> Response:
+        arrived = time.perf_counter()
         body = await read_json(request)
         params = self._params(body)
         prompt = completion_prompt(body)
         ids = self.codec.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else self._check_ids(prompt)
-        handle = self._submit(ids, params)
+        handle = self._submit(ids, params, arrived)
         if params.stream:
             return self._stream(self._completion_events(handle, params, ids), handle)
         tokens = await self._finish(handle)
@@ -216,11 +225,13 @@ class EngineApi:
     # -- OpenAI Responses ---------------------------------------------------------------
 
     async def responses(self, request: Request) -> Response:
+        arrived = time.perf_counter()
         body = await read_json(request)
         params = ra.responses_params(body, self.served)
         prompt = ra.prompt_messages(body, params, self.responses_store)
         ids = self.codec.encode(self.codec.render_chat(prompt.messages), add_special_tokens=False)
         handle = self.engine.submit(ids, max_tokens=params.max_output_tokens, cache_salt=params.cache_salt, seed=None)
+        self._front(arrived)
         if params.stream:
             return self._stream(self._response_events(handle, params, prompt), handle)
         tokens = await self._finish(handle)
@@ -273,11 +284,12 @@ class EngineApi:
     # -- Anthropic messages -------------------------------------------------------------
 
     async def messages(self, request: Request) -> Response:
+        arrived = time.perf_counter()
         body = await read_json(request)
         params = generate_params(body, self.served, anthropic=True)
         params = GenerateParams(params.model, params.max_tokens, params.stream, False, params.cache_salt, params.seed)
         text = self.codec.render_chat(anthropic_messages(body))
-        handle = self._submit(self.codec.encode(text, add_special_tokens=False), params)
+        handle = self._submit(self.codec.encode(text, add_special_tokens=False), params, arrived)
         if params.stream:
             return self._stream(self._anthropic_events(handle, params.model), handle)
         tokens = await self._finish(handle)

@@ -55,6 +55,10 @@ class PromptCodec(Protocol):
 
     def is_valid_id(self, token: int) -> bool: ...
 
+    def clear_caches(self) -> None:
+        """Forget every cached tokenization, as a freshly started engine has none."""
+        ...
+
 
 class BuiltinCodec:
     """The built-in tokenizer: it has no BOS/EOS to add, so `add_special_tokens` changes nothing."""
@@ -86,6 +90,9 @@ class BuiltinCodec:
 
     def is_valid_id(self, token: int) -> bool:
         return self.tokenizer.is_valid_id(token)
+
+    def clear_caches(self) -> None:
+        self.tokenizer.clear_cache()
 
 
 class HfCodec:
@@ -166,3 +173,6 @@ class HfCodec:
 
     def is_valid_id(self, token: int) -> bool:
         return 0 <= token < self.vocab_size
+
+    def clear_caches(self) -> None:
+        self._spans.clear()

@@ -120,6 +120,10 @@ class Tokenizer:
             self._cache.popitem(last=False)
         return list(ids)
 
+    def clear_cache(self) -> None:
+        """Forget the cached segments."""
+        self._cache.clear()
+
     def _encode_pieces(self, text: str) -> list[int]:
         vocab = self._ids
         ids: list[int] = []
