@@ -55,6 +55,7 @@ import asyncio
 import contextlib
 import importlib
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -67,6 +68,7 @@ from typing import Any
 import httpx
 
 import continuum_bench.fleet.continuum  # noqa: F401  (registers Continuum's routers)
+from continuum_bench.fleet.cpu import cpu_snapshot, cpu_used
 from continuum_bench.fleet.harness import (
     ROUTERS,
     FleetContext,
@@ -131,7 +133,7 @@ async def compare(
                 for name in routers:
                     try:
                         await _fresh(fleet)
-                        reports.append(await _one_run(ctx, name, workload, info, tap))
+                        reports.append(await _one_run(ctx, name, workload, info, tap, fleet.pids))
                     except (RuntimeError, OSError, ValueError, TimeoutError) as exc:
                         if failures is None:
                             raise
@@ -158,7 +160,9 @@ async def _tapped(fleet: SimFleet, enabled: bool) -> AsyncIterator[EngineTap | N
         yield tap
 
 
-async def _one_run(ctx: FleetContext, name: str, workload: str, info: Path, tap: EngineTap | None) -> dict[str, Any]:
+async def _one_run(
+    ctx: FleetContext, name: str, workload: str, info: Path, tap: EngineTap | None, engine_pids: Sequence[int]
+) -> dict[str, Any]:
     base = ctx.options
     print(f"== {workload} via {name}", file=sys.stderr, flush=True)
     ctx.run = workload
@@ -170,9 +174,13 @@ async def _one_run(ctx: FleetContext, name: str, workload: str, info: Path, tap:
             name=f"compare-{workload}-{name}", command=f"{base.command} (workload {workload}, router {name})",
         )  # fmt: skip
         # What the router did while starting (and the readiness probe) is not per request.
+        before = await cpu_snapshot(os.getpid())
         report, results = await run_fleet_bench(
             opts, before_run=tap.reset if tap else None, on_interrupt=partial(restart_fronts, ctx)
         )
+        if engine_pids:  # process fleets: the engines' CPU can be told from the router's
+            used = cpu_used(before, await cpu_snapshot(os.getpid()), engine_pids)
+            report["cpu_s"] = {"router": used.router_s, "engines": used.engines_s}
         if tap is not None:
             report["engine_calls"] = {
                 "routed_requests": len(results), "by_route": tap.totals(), "by_engine": tap.counts(),
@@ -226,6 +234,23 @@ def added_table(reports: Sequence[dict[str, Any]]) -> str:
 
 def _ms(seconds: float | None) -> str:
     return "–" if seconds is None else f"{seconds * 1000:.2f}"
+
+
+def cpu_table(reports: Sequence[dict[str, Any]]) -> str:
+    """CPU seconds each run took from the shared cores: the router's processes (with its KV
+    listener and bus, where it has them) and the engines, in all and per request."""
+    rows = []
+    for report in reports:
+        cpu, requests = report.get("cpu_s"), report["results"]["requests"]
+        if cpu and requests:
+            rows.append(
+                f"| {report['workload']['workload']} | {report['router']} | {cpu['router']:.1f} | "
+                f"{cpu['router'] / requests * 1000:.1f} | {cpu['engines']:.1f} | {cpu['engines'] / requests * 1000:.1f} |"
+            )
+    if not rows:
+        return ""
+    head = "| workload | router | router CPU (s) | per request (ms) | engines CPU (s) | per request (ms) |\n"
+    return head + "|---|---|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
 
 
 def calls_table(reports: Sequence[dict[str, Any]], *, columns: int = 6) -> str:
@@ -420,6 +445,11 @@ def write_summary(
         text += (
             "\nTime to first token, mean, as the engines timed it (from their arrival) and as the client did:\n\n"
             + added
+        )
+    cpu = cpu_table(reports)
+    if cpu:
+        text += (
+            "\nCPU time during each run (the router's processes and the engines share the machine's cores):\n\n" + cpu
         )
     restarts = restart_table(reports)
     if restarts:

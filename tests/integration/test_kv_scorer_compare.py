@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from continuum_bench.compare import ROUTERS, compare, table
+from continuum_bench.compare import ROUTERS, compare, cpu_table, table
 from continuum_bench.fleet.runner import FleetBenchOptions
 
 
@@ -23,3 +23,18 @@ async def test_compare_runs_the_kv_router_against_a_fleet(tmp_path: Path) -> Non
     assert "| shared-prompt | continuum-prefix-hash-kv | 16 | 0 |" in table(reports)
     log = (tmp_path / "work" / "continuum-kv-memory.log").read_text()
     assert "listening on http://" in log
+
+
+async def test_compare_reports_the_cpu_of_the_router_and_of_the_engines(tmp_path: Path) -> None:
+    """With engines in their own processes, each run reports the CPU its router's process tree
+    (ingress, KV listener, nats-server) and the engines used while it ran."""
+    base = FleetBenchOptions(
+        engines=2, requests=16, rate=20.0, docs=2, doc_tokens=300, output_tokens=8, time_scale=0.05,
+        engine_processes="each", plot=False, progress=False, out_dir=str(tmp_path / "results"), command="test",
+    )  # fmt: skip
+    reports = await compare(["continuum-prefix-hash-kv"], ["shared-prompt"], base, tmp_path / "work")
+    (report,) = reports
+    cpu = report["cpu_s"]
+    assert cpu["router"] > 0.0 and cpu["engines"] > 0.0, "both sides served 16 requests"
+    assert cpu["router"] + cpu["engines"] < 60.0
+    assert "| shared-prompt | continuum-prefix-hash-kv |" in cpu_table(reports)
