@@ -218,18 +218,19 @@ def added_table(reports: Sequence[dict[str, Any]]) -> str:
         engine = res.get("engine_ttft_s")
         if engine and res["ttft_s"]["mean"] is not None:
             front, net = engine.get("engine_front_mean"), engine.get("router_added_net_mean")
+            first, own = engine.get("engine_first_chunk_mean"), engine.get("router_own_mean")
             rows.append(
                 f"| {report['workload']['workload']} | {report['router']} | {engine['mean'] * 1000:.2f} | "
                 f"{res['ttft_s']['mean'] * 1000:.2f} | {engine['router_added_mean'] * 1000:.2f} | "
-                f"{_ms(front)} | {_ms(net)} |"
+                f"{_ms(front)} | {_ms(net)} | {_ms(first)} | {_ms(own)} |"
             )
     if not rows:
         return ""
     head = (
         "| workload | router | engine TTFT mean (ms) | client TTFT mean (ms) | router added (ms) "
-        "| engine front (ms) | router added, front taken out (ms) |\n"
+        "| engine front (ms) | router added, front taken out (ms) | engine first chunk (ms) | router's own (ms) |\n"
     )
-    return head + "|---|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
+    return head + "|---|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
 
 
 def _ms(seconds: float | None) -> str:

@@ -66,6 +66,9 @@ def test_bench_fleet_direct_round_robin(workload: str, tmp_path: Path) -> None:
     text = (tmp_path / "run.md").read_text()
     assert "| run | direct-round-robin |" in text and "Time to first token, mean: engines" in text
     assert "Before their clock started the engines spent" in text
+    first = engine_ttft["engine_first_chunk_mean"]
+    assert engine_ttft["mean"] < first <= res["ttft_s"]["mean"], "the first chunk leaves after the engine's TTFT"
+    assert engine_ttft["router_own_mean"] == pytest.approx(res["ttft_s"]["mean"] - first)
     assert (tmp_path / "run.png").stat().st_size > 1000
 
 

@@ -23,6 +23,10 @@ WANTED = {
     # engine's own work, which routers should not be charged with.
     "continuum_sim_request_front_seconds_sum": "front_sum",
     "continuum_sim_request_front_seconds_count": "front_count",
+    # From the same arrival to the first chunk handed to the engine's HTTP server (real seconds):
+    # the client's TTFT minus this is the router's own path, whatever the engine process was busy with.
+    "continuum_sim_first_chunk_seconds_sum": "first_chunk_sum",
+    "continuum_sim_first_chunk_seconds_count": "first_chunk_count",
 }
 
 
@@ -38,6 +42,8 @@ class EngineCounters:
     ttft_count: float = 0.0
     front_sum: float = 0.0
     front_count: float = 0.0
+    first_chunk_sum: float = 0.0
+    first_chunk_count: float = 0.0
 
     def minus(self, other: EngineCounters) -> EngineCounters:
         return EngineCounters(**{k: getattr(self, k) - getattr(other, k) for k in self.__dataclass_fields__})

@@ -88,6 +88,13 @@ class EngineMetrics:
             " (reading the body, rendering the chat template, tokenizing).",
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        # The engine's TTFT ends when its step produced the token; this ends when the HTTP layer
+        # handed the first chunk to the server, after whatever else this process was doing.
+        self.first_chunk = Histogram(
+            "continuum_sim_first_chunk_seconds",
+            "Real seconds from a streamed generation request's arrival to its first chunk handed to the HTTP server.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self._simulator_metrics(r)
 
     def _simulator_metrics(self, r: CollectorRegistry) -> None:

@@ -114,11 +114,15 @@ class EngineApi:
     def _usage(self, handle: RequestHandle) -> dict[str, Any]:
         return r.usage(handle.prompt_tokens, len(handle.output_token_ids), handle.cached_tokens)
 
-    def _stream(self, chunks: AsyncIterator[bytes], handle: RequestHandle) -> StreamingResponse:
+    def _stream(self, chunks: AsyncIterator[bytes], handle: RequestHandle, arrived: float) -> StreamingResponse:
         async def body() -> AsyncIterator[bytes]:
+            first = True
             try:
                 async for chunk in chunks:
                     yield chunk
+                    if first:  # handed to the server: what a client can see next, however busy this loop is
+                        self.engine.metrics.first_chunk.observe(time.perf_counter() - arrived)
+                        first = False
             finally:
                 if not handle.finished:
                     self.engine.abort(handle)
@@ -154,7 +158,7 @@ class EngineApi:
         prompt_ids = self.codec.encode(text, add_special_tokens=False)
         handle = self._submit(prompt_ids, params, arrived)
         if params.stream:
-            return self._stream(self._chat_events(handle, params, prompt_ids), handle)
+            return self._stream(self._chat_events(handle, params, prompt_ids), handle, arrived)
         tokens = await self._finish(handle)
         rid = r.new_id("chatcmpl-")
         ids = (prompt_ids, list(tokens)) if params.token_ids else None
@@ -196,7 +200,7 @@ class EngineApi:
         ids = self.codec.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else self._check_ids(prompt)
         handle = self._submit(ids, params, arrived)
         if params.stream:
-            return self._stream(self._completion_events(handle, params, ids), handle)
+            return self._stream(self._completion_events(handle, params, ids), handle, arrived)
         tokens = await self._finish(handle)
         rid = r.new_id("cmpl-")
         both = (ids, list(tokens)) if params.token_ids else None
@@ -233,7 +237,7 @@ class EngineApi:
         handle = self.engine.submit(ids, max_tokens=params.max_output_tokens, cache_salt=params.cache_salt, seed=None)
         self._front(arrived)
         if params.stream:
-            return self._stream(self._response_events(handle, params, prompt), handle)
+            return self._stream(self._response_events(handle, params, prompt), handle, arrived)
         tokens = await self._finish(handle)
         text, rid = self.codec.decode(tokens), r.new_id("resp_")
         usage = ra.usage(handle.prompt_tokens, len(tokens), handle.cached_tokens)
@@ -291,7 +295,7 @@ class EngineApi:
         text = self.codec.render_chat(anthropic_messages(body))
         handle = self._submit(self.codec.encode(text, add_special_tokens=False), params, arrived)
         if params.stream:
-            return self._stream(self._anthropic_events(handle, params.model), handle)
+            return self._stream(self._anthropic_events(handle, params.model), handle, arrived)
         tokens = await self._finish(handle)
         usage = r.anthropic_usage(handle.prompt_tokens, handle.cached_tokens, len(tokens))
         out = r.anthropic_message(
