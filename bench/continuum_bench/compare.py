@@ -180,7 +180,11 @@ async def _one_run(
         )
         if engine_pids:  # process fleets: the engines' CPU can be told from the router's
             used = cpu_used(before, await cpu_snapshot(os.getpid()), engine_pids)
-            report["cpu_s"] = {"router": used.router_s, "engines": used.engines_s}
+            report["cpu_s"] = {
+                "router": used.router_s,
+                "engines": used.engines_s,
+                "router_by_name": used.router_by_name,
+            }
         if tap is not None:
             report["engine_calls"] = {
                 "routed_requests": len(results), "by_route": tap.totals(), "by_engine": tap.counts(),
@@ -244,14 +248,17 @@ def cpu_table(reports: Sequence[dict[str, Any]]) -> str:
     for report in reports:
         cpu, requests = report.get("cpu_s"), report["results"]["requests"]
         if cpu and requests:
+            names = sorted(cpu.get("router_by_name", {}).items(), key=lambda item: -item[1])
+            parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in names if seconds >= 0.05)
             rows.append(
                 f"| {report['workload']['workload']} | {report['router']} | {cpu['router']:.1f} | "
-                f"{cpu['router'] / requests * 1000:.1f} | {cpu['engines']:.1f} | {cpu['engines'] / requests * 1000:.1f} |"
+                f"{cpu['router'] / requests * 1000:.1f} | {parts or '–'} | {cpu['engines']:.1f} | "
+                f"{cpu['engines'] / requests * 1000:.1f} |"
             )
     if not rows:
         return ""
-    head = "| workload | router | router CPU (s) | per request (ms) | engines CPU (s) | per request (ms) |\n"
-    return head + "|---|---|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
+    head = "| workload | router | router CPU (s) | per request (ms) | by process (s) | engines CPU (s) | per request (ms) |\n"
+    return head + "|---|---|---:|---:|---|---:|---:|\n" + "\n".join(rows) + "\n"
 
 
 def calls_table(reports: Sequence[dict[str, Any]], *, columns: int = 6) -> str:

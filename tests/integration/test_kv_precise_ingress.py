@@ -224,3 +224,63 @@ async def test_a_new_prompt_goes_to_the_least_busy_backend_unless_the_index_is_u
         assert sample(ing, decisions, decision="fallback", tier="none") == 2
         assert sample(ing, decisions, decision="placed", tier="none") == 3
         assert sample(ing, "continuum_kv_block_index_read_errors_total") == 2
+
+
+async def test_only_the_held_part_is_encoded_before_routing_and_the_rest_after(
+    nats_server: NatsServer, tokenizer_files: TokenizerFiles
+) -> None:
+    """`tokenize_unheld_text: off_path` (the default): a long prompt whose head an engine holds
+    is encoded only a little past that head, routed there, and encoded whole once the request
+    was forwarded: its whole chain is then recorded where it went, and the next turn's known
+    start is found without tokenizing it again."""
+    await ensure_stream(nats_server.url)
+    async with (
+        running_stubs("a", "b", "c") as stubs,
+        ingress(config(stubs, nats_server.url, tokenizer_files)) as (
+            ing,
+            c,
+        ),
+    ):
+        kv = ing.app.kv
+        assert kv is not None
+        group = kv.selector.groups["fleet"]
+        head = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Here is the report."}]
+        doc = [*head, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Long text. " * 1500}]
+        whole = engine_hashes(tokenizer_files, doc)
+        held = engine_hashes(tokenizer_files, head)[:-1]  # the generation prompt's block differs
+        assert whole[: len(held)] == held and len(whole) > 4 * len(held)
+        await publish_batches(nats_server.url, [KvBatch("b", 1, 1, time.time(), [BlocksStored(held, None, BLOCK, 0)])])
+        blocks = kv.embedded.blocks  # type: ignore[union-attr]
+        await eventually(lambda: blocks.match_nowait(held, ["b"])["b"].gpu_blocks == len(held))
+
+        stats = group.encoder.stats  # type: ignore[union-attr]
+        r = await c.post("/v1/chat/completions", json=chat(doc))
+        assert r.status_code == 200 and r.headers["x-continuum-backend"] == "b"
+        assert sample(ing, "continuum_kv_local_encoding_total", group="fleet", how="held") == 1
+        await eventually(
+            lambda: sample(ing, "continuum_kv_local_encoding_total", group="fleet", how="rest_encoded") == 1
+        )
+        assert stats.hashed_blocks >= len(whole), "the rest was encoded after the request went"
+        # the whole chain is recorded where the request went
+        now = kv.selector.clock()
+        assert group.memory.extends("b", whole, len(held), now) == len(whole)
+        assert group.memory.extends("a", whole, 0, now) == 0
+        # the same prompt again: known whole (no piece encoded again), held whole, and it sticks
+        misses, hashed = stats.node_misses, stats.hashed_blocks
+        r = await c.post("/v1/chat/completions", json=chat(doc))
+        assert r.headers["x-continuum-backend"] == "b"
+        assert (stats.node_misses, stats.hashed_blocks) == (misses, hashed)
+        assert sample(ing, "continuum_kv_local_encoding_total", group="fleet", how="whole") == 1
+
+
+async def test_on_path_encodes_the_whole_prompt_before_routing(
+    nats_server: NatsServer, tokenizer_files: TokenizerFiles
+) -> None:
+    async with (
+        running_stubs("a", "b") as stubs,
+        ingress(config(stubs, nats_server.url, tokenizer_files, tokenize_unheld_text="on_path")) as (ing, c),
+    ):
+        r = await c.post("/v1/chat/completions", json=chat([{"role": "user", "content": "Fresh text. " * 800}]))
+        assert r.status_code == 200
+        assert sample(ing, "continuum_kv_local_encoding_total", group="fleet", how="whole") == 1
+        assert sample(ing, "continuum_kv_local_encoding_total", group="fleet", how="held") == 0

@@ -20,8 +20,8 @@ BURN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_t
 def test_parse_stat_counts_fields_after_the_command_name() -> None:
     # A command name with spaces and parentheses must not shift the fields.
     fields = ["S", "41"] + ["0"] * 9 + ["250", "150"] + ["0"] * 6 + ["98765"]
-    ppid, start, seconds = parse_stat("1234 (a (b) c) " + " ".join(fields))
-    assert (ppid, start) == (41, 98765)
+    ppid, start, seconds, name = parse_stat("1234 (a (b) c) " + " ".join(fields))
+    assert (ppid, start, name) == (41, 98765, "a (b) c")
     assert seconds == pytest.approx(400 / os.sysconf("SC_CLK_TCK"))
 
 
@@ -45,6 +45,8 @@ def test_cpu_is_split_between_the_engines_and_the_rest() -> None:
                 break
             time.sleep(0.05)
         assert 0.4 <= used.router_s < 1.5
+        assert sum(used.router_by_name.values()) == pytest.approx(used.router_s)
+        assert max(used.router_by_name, key=lambda name: used.router_by_name[name]).startswith("python")
         assert 0.2 <= used.engines_s < 1.0
         # The same processes seen twice: only the time between the snapshots counts.
         assert cpu_used(after, take_snapshot(os.getpid()), [engine.pid]).router_s < 0.2

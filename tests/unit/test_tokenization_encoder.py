@@ -232,6 +232,59 @@ def test_random_conversations_turn_by_turn(
     assert encoder.stats.node_hits > encoder.stats.node_misses  # later turns reuse earlier ones
 
 
+# -- lazy encoding (begin / extend / finish) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_a_lazily_encoded_prompt_is_a_prefix_as_it_goes_and_whole_when_finished(
+    families: dict[str, LocalTokenizer], name: str
+) -> None:
+    tok = families[name]
+    hasher = make_block_hasher("vllm", 4, hash_seed="0")
+    encoder = PromptEncoder(tok, hasher, piece_chars=16)
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(text=texts, add=st.booleans(), steps=st.lists(st.integers(0, 3), max_size=6), warm=st.booleans())
+    def check(text: str, add: bool, steps: list[int], warm: bool) -> None:
+        count, whole = reference(tok, hasher, text, add)
+        if warm:
+            encoder.encode(text[: len(text) // 2], add_special_tokens=add)
+        partial = encoder.begin(text, add_special_tokens=add)
+        for step in steps:
+            # Every full block hashed so far is the whole prompt's block (its start is fixed).
+            assert partial.block_hashes == whole[: len(partial.block_hashes)]
+            assert partial.token_count <= count
+            partial.extend(step)
+        result = partial.finish()
+        assert (result.token_count, result.block_hashes) == (count, whole)
+        assert partial.done and partial.estimated_tokens == count
+        assert encoded(encoder, text, add) == (count, whole)
+
+    check()
+
+
+def test_begin_takes_the_known_start_without_tokenizing_and_estimates_the_rest(tmp_path: Path) -> None:
+    files = train_tokenizer(tmp_path)
+    tok = CountingTokenizer(files.tokenizer, chat_template=files.chat_template)
+    encoder = PromptEncoder(tok, make_block_hasher("vllm", 16, hash_seed="0"))
+    rng = random.Random(7)
+    words = [f"w{i}x" for i in range(400)]
+    system = " ".join(rng.choice(words) for _ in range(3000)) + "."
+    first = encoder.encode(system, add_special_tokens=False)
+    longer = system + " " + " ".join(rng.choice(words) for _ in range(2000)) + "."
+    tok.calls = 0
+    partial = encoder.begin(longer, add_special_tokens=False)
+    assert tok.calls == 0 and not partial.done, "the known start costs no tokenizer call"
+    # Known: every piece of the shorter text but its last (cut only once text followed it).
+    assert len(first.block_hashes) - 64 <= len(partial.block_hashes) <= len(first.block_hashes)
+    assert partial.block_hashes == first.block_hashes[: len(partial.block_hashes)]
+    whole = reference(tok, encoder.hasher, longer, False)[0]
+    assert abs(partial.estimated_tokens - whole) < 0.1 * whole
+    partial.extend(1)
+    assert tok.calls > 0 and partial.chars_done < len(longer)
+    assert partial.finish().token_count == whole
+
+
 # -- the caches are used -------------------------------------------------------------------------------
 
 

@@ -9,7 +9,8 @@ remembered part used (`tokenize_memory_min_tokens`), `tol<δ>` `placement_tolera
 `tokenize_new_prompts: off_path` (the default now; the name stays for the runs recorded before),
 `onpath` sets `on_path`, `wait<ms>` `on_path` with `tokenize_wait_ms`, `tokenize` turns off
 `token_ids_from_answers` (an off-path /tokenize per request: the default now; the name stays for
-the runs recorded before), `ids` turns it on, `req<n>-tt<k>k` sets `placement_request_tokens`
+the runs recorded before), `ids` turns it on, `unheldon` / `unheldoff` set `tokenize_unheld_text`
+(with `--tokenizer hf`), `req<n>-tt<k>k` sets `placement_request_tokens`
 and `placement_tolerance_tokens` (k thousand). `pen<n>` sets only
 `miss_penalty`; placement keeps its own `placement_miss_penalty` (runs recorded before the two
 were separate charged placement `pen<n>` too).
@@ -125,6 +126,11 @@ for _setting in ("off_path", "on_path"):
 # Requests that ask /tokenize on their path wait at most this long for it (tokenize_wait_ms).
 for _wait in (0, 5, 10, 20, 50):
     _group_variant(f"wait{_wait}", (("tokenize_new_prompts", "on_path"), ("tokenize_wait_ms", _wait)))
+
+# With a local tokenizer (`--tokenizer hf`): prompts encoded only as far as some engine holds
+# them before routing, the rest after the forward (`unheldoff`, the default), or whole first.
+_group_variant("unheldoff", (("tokenize_unheld_text", "off_path"),))
+_group_variant("unheldon", (("tokenize_unheld_text", "on_path"),))
 
 # Learn from an off-path /tokenize per request (the default), or from the ids the engine returns
 # with its answers (token_ids_from_answers).

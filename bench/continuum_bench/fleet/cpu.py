@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-# (pid, start time in clock ticks) → CPU seconds (user + system)
-Snapshot = dict[tuple[int, int], float]
+# (pid, start time in clock ticks) → (CPU seconds (user + system), command name)
+Snapshot = dict[tuple[int, int], tuple[float, str]]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -34,15 +34,20 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 class CpuUsage:
     router_s: float  # every descendant of the benchmark that is not an engine (or under one)
     engines_s: float  # the engine processes and their descendants
+    # the router's side by process name (the kernel's command name: "continuum-route",
+    # "nats-server", ...), to see which of its processes used the time
+    router_by_name: dict[str, float] = field(default_factory=dict)
 
 
-def parse_stat(text: str) -> tuple[int, int, float]:
-    """(ppid, start time in ticks, CPU seconds) from one /proc/<pid>/stat line. The command
-    name (field 2) may hold spaces and parentheses, so fields are counted after the last ')'."""
-    rest = text[text.rindex(")") + 2 :].split()
+def parse_stat(text: str) -> tuple[int, int, float, str]:
+    """(ppid, start time in ticks, CPU seconds, command name) from one /proc/<pid>/stat line.
+    The command name (field 2) may hold spaces and parentheses, so fields are counted after
+    the last ')'."""
+    close = text.rindex(")")
+    rest = text[close + 2 :].split()
     # rest[0] is field 3 (state): ppid is field 4, utime 14, stime 15, starttime 22.
     ppid, utime, stime, start = int(rest[1]), int(rest[11]), int(rest[12]), int(rest[19])
-    return ppid, start, (utime + stime) / _TICKS
+    return ppid, start, (utime + stime) / _TICKS, text[text.index("(") + 1 : close]
 
 
 def descendants(parents: Mapping[int, int], root: int) -> set[int]:
@@ -60,8 +65,8 @@ def descendants(parents: Mapping[int, int], root: int) -> set[int]:
     return out
 
 
-def _read_all(proc: Path) -> dict[int, tuple[int, int, float]]:
-    out: dict[int, tuple[int, int, float]] = {}
+def _read_all(proc: Path) -> dict[int, tuple[int, int, float, str]]:
+    out: dict[int, tuple[int, int, float, str]] = {}
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -75,9 +80,9 @@ def _read_all(proc: Path) -> dict[int, tuple[int, int, float]]:
 def take_snapshot(root: int, proc: Path = Path("/proc")) -> tuple[Snapshot, dict[int, int]]:
     """CPU seconds of every process below `root`, and the tree (pid → ppid) they form."""
     stats = _read_all(proc)
-    tree = {pid: ppid for pid, (ppid, _, _) in stats.items()}
+    tree = {pid: stat[0] for pid, stat in stats.items()}
     below = descendants(tree, root)
-    return {(pid, stats[pid][1]): stats[pid][2] for pid in below}, {pid: tree[pid] for pid in below}
+    return {(pid, stats[pid][1]): (stats[pid][2], stats[pid][3]) for pid in below}, {pid: tree[pid] for pid in below}
 
 
 async def cpu_snapshot(root: int) -> tuple[Snapshot, dict[int, int]]:
@@ -96,10 +101,12 @@ def cpu_used(
     for pid in engine_pids:
         engines |= descendants(tree, pid)
     router = engine = 0.0
-    for key, seconds in new.items():
-        spent = seconds - old.get(key, 0.0)
+    by_name: dict[str, float] = {}
+    for key, (seconds, name) in new.items():
+        spent = seconds - old.get(key, (0.0, name))[0]
         if key[0] in engines:
             engine += spent
         else:
             router += spent
-    return CpuUsage(router_s=router, engines_s=engine)
+            by_name[name] = by_name.get(name, 0.0) + spent
+    return CpuUsage(router_s=router, engines_s=engine, router_by_name=by_name)

@@ -217,6 +217,13 @@ class MatchGroup(Section):
     tokenizer: str | None = None
     chat_template: str | None = None
     tokenize_path: str = "/tokenize"
+    # With a local tokenizer: the part of a prompt past the last block any backend holds (in
+    # the block index or this router's speculative entries) cannot change where it goes.
+    # `off_path`: the prompt is encoded only as far as some backend holds it (plus the piece
+    # that shows nobody holds more), routed, and the rest is encoded right after the request is
+    # forwarded (what its next turn and its siblings are matched with). `on_path`: the whole
+    # prompt is encoded before routing.
+    tokenize_unheld_text: Literal["on_path", "off_path"] = "off_path"
     tokenize_timeout_ms: int = Field(200, ge=1, le=60_000)
     # Without a local tokenizer: block hashes of earlier /tokenize answers remembered by
     # conversation prefix (at most this many hashes, 8 bytes each), so a new turn or a request

@@ -4,14 +4,14 @@
   vLLM uses them (`render_chat`, `encode`, `decode`).
 * `PromptEncoder` — a prompt text → `EncodedPrompt(token_count, block_hashes)`, the engine's
   block hashes (continuum_common.hashing.blocks), tokenizing and hashing only the pieces of
-  text it has not seen before.
+  text it has not seen before; `begin(text)` encodes lazily (`PartialPrompt`: `extend`, `finish`).
 * `find_chat_template(tokenizer_json)` — a model directory's chat template, as Hugging Face
   finds it.
 * `TokenizationError` (and `TokenizerLoadError`, `ChatTemplateError`) — everything that can go
   wrong; callers catch it and fall back.
 """
 
-from continuum_common.tokenization.encoder import EncodedPrompt, EncoderStats, PromptEncoder
+from continuum_common.tokenization.encoder import EncodedPrompt, EncoderStats, PartialPrompt, PromptEncoder
 from continuum_common.tokenization.errors import ChatTemplateError, TokenizationError, TokenizerLoadError
 from continuum_common.tokenization.local import LocalTokenizer, find_chat_template
 from continuum_common.tokenization.support import PiecewiseSupport
@@ -21,6 +21,7 @@ __all__ = [
     "EncodedPrompt",
     "EncoderStats",
     "LocalTokenizer",
+    "PartialPrompt",
     "PiecewiseSupport",
     "PromptEncoder",
     "TokenizationError",

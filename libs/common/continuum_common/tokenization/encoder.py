@@ -146,6 +146,32 @@ class PromptEncoder:
         except BlockHashError as exc:
             raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
 
+    def begin(
+        self,
+        text: str,
+        *,
+        add_special_tokens: bool,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ) -> PartialPrompt:
+        """Start encoding `text` lazily: what the cache knows of its start is taken at once
+        (no tokenizing), the rest only as `PartialPrompt.extend` / `finish` ask for it. A
+        router needs no more of a prompt than some engine holds, and nothing holds text
+        never seen before. TokenizationError as `encode`."""
+        if not isinstance(text, str):
+            raise TokenizationError("the prompt must be a string")
+        self.stats.requests += 1
+        if self.support.ok:
+            try:
+                pieces = self._splitter.pieces(text)
+                node = self._root(add_special_tokens, cache_salt, lora_name)
+            except BlockHashError as exc:
+                raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
+            return PartialPrompt(self, text, pieces, node, (add_special_tokens, cache_salt, lora_name))
+        whole = self.encode(text, add_special_tokens=add_special_tokens, cache_salt=cache_salt, lora_name=lora_name)
+        self.stats.requests -= 1  # counted once
+        return PartialPrompt.complete(self, text, whole)
+
     # -- piecewise ------------------------------------------------------------------------------
 
     def _encode_pieces(self, text: str, add_special: bool, salt: str | None, lora: str | None) -> EncodedPrompt:
@@ -252,6 +278,142 @@ class PromptEncoder:
         stored = EncodedPrompt(result.token_count, list(result.block_hashes))
         self._nodes.put(key, stored, _NODE_OVERHEAD + sys.getsizeof(text) + 8 * len(digests))
         return result
+
+
+class PartialPrompt:
+    """A prompt encoded as far as asked (`PromptEncoder.begin`): `block_hashes` and
+    `token_count` cover its first `chars_done` characters; `estimated_tokens` extrapolates the
+    rest. `extend(pieces)` encodes that many more pieces (about `piece_chars` each), `finish()`
+    the whole prompt, which gives exactly what `PromptEncoder.encode` gives. Not thread-safe;
+    meant to be finished soon (it holds the text)."""
+
+    __slots__ = ("_done_pieces", "_encoder", "_node", "_options", "_pieces", "_result", "block_hashes", "chars_done",
+                 "text", "token_count")  # fmt: skip
+
+    def __init__(
+        self,
+        encoder: PromptEncoder,
+        text: str,
+        pieces: list[Piece],
+        root: _Node,
+        options: tuple[bool, str | None, str | None],
+    ) -> None:
+        self._encoder = encoder
+        self.text = text
+        self._pieces = pieces
+        self._options = options
+        self._result: EncodedPrompt | None = None
+        self.block_hashes: list[int] = []
+        self.token_count = 0
+        self.chars_done = 0
+        self._node = root
+        self._done_pieces = 0
+        self._walk_known()
+
+    @classmethod
+    def complete(cls, encoder: PromptEncoder, text: str, result: EncodedPrompt) -> PartialPrompt:
+        """An already whole result (the tokenizer cannot work piece by piece)."""
+        out = cls.__new__(cls)
+        out._encoder, out.text, out._pieces, out._options = encoder, text, [], (False, None, None)
+        out._node = _Node(0, 0, 0, last=None, tail=[], wire=[])
+        out._done_pieces = 0
+        out._finished(result)
+        return out
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    @property
+    def estimated_tokens(self) -> int:
+        """The whole prompt's tokens: exact once done, else the encoded part's tokens per
+        character carried over the rest (at least one token per four characters unknown)."""
+        if self._result is not None:
+            return self._result.token_count
+        rest = len(self.text) - self.chars_done
+        per_char = self.token_count / self.chars_done if self.chars_done else 0.25
+        return self.token_count + max(1, round(rest * per_char))
+
+    def _walk_known(self) -> None:
+        nodes = self._encoder._nodes
+        node, known = self._node, 0
+        for piece in self._pieces:
+            child = nodes.get((node.id, piece))
+            if not isinstance(child, _Node):
+                break
+            self.block_hashes += child.wire
+            self.chars_done += len(piece[1])
+            node = child
+            known += 1
+        self._encoder.stats.node_hits += known
+        self._node, self._done_pieces = node, known
+        self.token_count = node.count
+        if known == len(self._pieces):
+            self._finish_suffix()
+
+    def extend(self, pieces: int) -> None:
+        """Encode up to `pieces` more pieces (the last ones finish the prompt)."""
+        if self._result is not None or pieces <= 0:
+            return
+        missing = self._pieces[self._done_pieces : self._done_pieces + pieces]
+        encoder = self._encoder
+        encoder.stats.node_misses += len(missing)
+        _, salt, lora = self._options
+        try:
+            ids = encoder._chunks.encode_pieces(missing)
+            self._node = encoder._extend(
+                self._node, missing, [None] * len(missing), ids, salt=salt, lora=lora, hashes=self.block_hashes
+            )
+        except PieceMismatch:
+            encoder.stats.fallbacks += 1
+            self._whole()
+            return
+        except BlockHashError as exc:
+            raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
+        self.chars_done += sum(len(piece[1]) for piece in missing)
+        self.token_count = self._node.count
+        self._done_pieces += len(missing)
+        if self._done_pieces == len(self._pieces):
+            self._finish_suffix()
+
+    def finish(self) -> EncodedPrompt:
+        """The whole prompt's token count and block hashes (as `PromptEncoder.encode`)."""
+        while self._result is None:
+            self.extend(len(self._pieces) - self._done_pieces)
+        return self._result
+
+    def _finish_suffix(self) -> None:
+        add_special, salt, lora = self._options
+        encoder, node = self._encoder, self._node
+        suffix = encoder.support.suffix_ids
+        hashes = self.block_hashes
+        try:
+            if add_special and suffix:
+                cached = encoder._nodes.get((node.id, _SUFFIX))
+                if isinstance(cached, _Node):
+                    node = cached
+                    hashes += node.wire
+                else:
+                    node = encoder._extend(node, [_SUFFIX], [None], [list(suffix)], salt=salt, lora=lora, hashes=hashes)
+        except BlockHashError as exc:
+            raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
+        self._node = node
+        self._finished(EncodedPrompt(node.count, hashes))
+
+    def _whole(self) -> None:
+        add_special, salt, lora = self._options
+        try:
+            result = self._encoder._encode_whole(self.text, add_special, salt, lora)
+        except BlockHashError as exc:
+            raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
+        self._finished(result)
+
+    def _finished(self, result: EncodedPrompt) -> None:
+        self._result = result
+        self.block_hashes = result.block_hashes
+        self.token_count = result.token_count
+        self.chars_done = len(self.text)
+        self._pieces = []  # nothing more to encode; the text stays for callers that log sizes
 
 
 def _flat(chunker: ChunkTokenizer, splitter: TextSplitter, text: str) -> list[int]:

@@ -29,7 +29,7 @@ from continuum_ingress.protocol.apis import Api
 
 if TYPE_CHECKING:
     from continuum_common.hashing.blocks import BlockHasher
-    from continuum_common.tokenization import LocalTokenizer, PromptEncoder
+    from continuum_common.tokenization import LocalTokenizer, PartialPrompt, PromptEncoder
     from continuum_ingress.state import RequestState
 
 log = logging.getLogger("continuum.ingress.kv")
@@ -141,8 +141,10 @@ class GroupRuntime:
         data = conversation_bytes(state.key_api, state.key_body)
         return RequestKeys("prefix_key", (), 1.0, max(1, round(len(data) / self.approx.bytes_per_token)))
 
-    def local_keys(self, state: RequestState) -> RequestKeys:
-        """Precise keys from the local tokenizer (raises TokenizationError)."""
+    def begin_local(self, state: RequestState) -> PartialPrompt:
+        """The request's prompt for the local tokenizer, encoded as far as the encoder's cache
+        knows it; `local_keys` takes its keys once it is encoded far enough (raises
+        TokenizationError, or whatever the chat template raises)."""
         assert self.encoder is not None and self.tokenizer is not None
         body = state.key_body
         salt = body.get("cache_salt")
@@ -150,11 +152,15 @@ class GroupRuntime:
         if state.key_api is Api.COMPLETIONS:
             prompt = body.get("prompt")
             text = prompt if isinstance(prompt, str) else ""
-            encoded = self.encoder.encode(text, add_special_tokens=True, cache_salt=salt)
-        else:
-            text = self.tokenizer.render_chat(chat_messages(state.key_api, body), **template_kwargs(body))
-            encoded = self.encoder.encode(text, add_special_tokens=False, cache_salt=salt)
-        return RequestKeys("precise", encoded.block_hashes, float(self.block_size), max(1, encoded.token_count))
+            return self.encoder.begin(text, add_special_tokens=True, cache_salt=salt)
+        text = self.tokenizer.render_chat(chat_messages(state.key_api, body), **template_kwargs(body))
+        return self.encoder.begin(text, add_special_tokens=False, cache_salt=salt)
+
+    def local_keys(self, prompt: PartialPrompt) -> RequestKeys:
+        """Precise keys of what `prompt` has encoded; the prompt's size is exact once it is
+        done, estimated from the encoded part's tokens per character before."""
+        chain = list(prompt.block_hashes)
+        return RequestKeys("precise", chain, float(self.block_size), max(1, prompt.estimated_tokens))
 
     def keys_from_tokens(self, state: RequestState, tokens: Sequence[int]) -> RequestKeys:
         """Precise keys from token ids a backend's /tokenize returned."""

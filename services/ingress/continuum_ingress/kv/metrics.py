@@ -64,6 +64,15 @@ class KvScorerMetrics:
             ["group", "how"],
             registry=r,
         )
+        self.local_encoding = Counter(
+            "continuum_kv_local_encoding",
+            "Precise requests with a local tokenizer, by how far their prompt was encoded before routing"
+            " (whole; held: only as far as some backend holds it, tokenize_unheld_text off_path) and what"
+            " became of the rest of a held one after its request was forwarded (rest_encoded, rest_failed,"
+            " rest_skipped when too many waited)",
+            ["group", "how"],
+            registry=r,
+        )
         self.block_read_errors = Counter(
             "continuum_kv_block_index_read_errors",
             "Block index reads that failed or were skipped after a recent failure",

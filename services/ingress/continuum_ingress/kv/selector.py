@@ -21,6 +21,7 @@ With `scoring: seed` and every candidate in prefix_key mode this is exactly the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -29,7 +30,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from continuum_common.config.router import RouterConfig
+from continuum_common.kvindex.blocks import BlockMatch
 from continuum_common.kvindex.types import KvIndexError
 from continuum_common.ring import RouteLabel
 from continuum_common.wire.decisions import KIND_ANSWER, KIND_APPROXIMATE, KIND_SPECULATIVE, Decision, Tokenized
@@ -57,14 +61,19 @@ from continuum_ingress.policy.scorer import best_scored
 from continuum_ingress.protocol.requests import conversation_start, prompt_token_ids
 
 if TYPE_CHECKING:
+    from continuum_common.tokenization import PartialPrompt
     from continuum_ingress.kv.metrics import KvScorerMetrics
     from continuum_ingress.pool import BackendState
     from continuum_ingress.snapshot import RouterSnapshot
     from continuum_ingress.state import RequestState
+    from continuum_ingress.transport import Upstream
 
 log = logging.getLogger("continuum.ingress.kv")
 
 EXTRAS_KEY = "kv"
+# Prompts whose unheld rest waits to be encoded after their request was forwarded; past this,
+# a rest is not encoded (counted: the next turn then encodes it).
+MAX_PENDING_RESTS = 64
 
 
 @dataclass(slots=True)
@@ -80,6 +89,11 @@ class _Plan:
     # the block index could not be read: a prompt nothing is known of goes to the strategy
     index_failed: bool = False
     start: bool = False  # the request opens a conversation
+    # local tokenizer, `tokenize_unheld_text: off_path`: prompts encoded only as far as held,
+    # by group (their rest is encoded after the request is forwarded), and the last index read
+    # made while deciding how far (chain length, matches), which _held reuses
+    partial: dict[str, tuple[PartialPrompt, Upstream | None]] = field(default_factory=dict)
+    matched: dict[str, tuple[int, dict[str, BlockMatch]]] = field(default_factory=dict)
 
 
 class KvSelector:
@@ -135,6 +149,7 @@ class KvSelector:
             for g in self.groups.values()
             if g.mode == "precise" and g.encoder is None and g.config is not None and g.hasher is not None
         }
+        self._pending_rests = 0
         self.timeout_s = 0.1 + max(
             (g.config.tokenize_timeout_ms / 1000 for g in self.groups.values() if g.config is not None), default=0.0
         )
@@ -157,7 +172,7 @@ class KvSelector:
         state.extras[EXTRAS_KEY] = plan
         for name, members in by_group.items():
             group = self.groups[name]
-            keys = await self._keys(group, state, snapshot, members)
+            keys = await self._keys(group, state, snapshot, members, plan)
             plan.keys[name] = keys
             plan.prompt_tokens = max(plan.prompt_tokens, keys.prompt_tokens)
             await self._held(group, keys, state, members, plan)
@@ -202,17 +217,27 @@ class KvSelector:
         return {c.name: self.commitments.value(c.name, now, rate) for c in candidates}
 
     async def _keys(
-        self, group: GroupRuntime, state: RequestState, snapshot: RouterSnapshot, members: Sequence[BackendState]
+        self,
+        group: GroupRuntime,
+        state: RequestState,
+        snapshot: RouterSnapshot,
+        members: Sequence[BackendState],
+        plan: _Plan,
     ) -> RequestKeys:
         started = time.perf_counter()
-        keys = await self._compute_keys(group, state, snapshot, members)
+        keys = await self._compute_keys(group, state, snapshot, members, plan)
         self.metrics.keys_seconds.labels(keys.mode).observe(time.perf_counter() - started)
         if keys.fallback is not None:
             self.metrics.precise_fallbacks.labels(group.name, keys.fallback).inc()
         return keys
 
     async def _compute_keys(
-        self, group: GroupRuntime, state: RequestState, snapshot: RouterSnapshot, members: Sequence[BackendState]
+        self,
+        group: GroupRuntime,
+        state: RequestState,
+        snapshot: RouterSnapshot,
+        members: Sequence[BackendState],
+        plan: _Plan,
     ) -> RequestKeys:
         if group.mode == "approximate":
             return group.approximate_keys(state)
@@ -225,14 +250,22 @@ class KvSelector:
             return group.approximate_keys(state, "disabled")
         if group.encoder is not None:
             try:
-                keys = group.local_keys(state)
+                prompt = group.begin_local(state)
+                if not prompt.done:
+                    if group.config is None or group.config.tokenize_unheld_text == "on_path":
+                        prompt.finish()
+                    else:
+                        await self._encode_held(group, prompt, members, plan)
+                keys = group.local_keys(prompt)
             except Exception as exc:  # TokenizationError, or anything the template raised
                 log.warning("local tokenizer failed for group %s: %s", group.name, type(exc).__name__)
                 return group.approximate_keys(state, "tokenizer_error")
-            audit = self.audits.get(group.name)
+            self.metrics.local_encoding.labels(group.name, "whole" if prompt.done else "held").inc()
             client = snapshot.clients.get(members[0].name)
-            if audit is not None and client is not None and audit.due():
-                audit.start(client, api=state.key_api, body=state.key_body, model=state.model, expected=keys.chain)
+            if prompt.done:
+                self._audit(group, state, client, keys.chain)
+            else:
+                plan.partial[group.name] = (prompt, client)  # audited once whole (_finish_rest)
             return keys
         remote = self.remote.get(group.name)
         # the least busy member tokenizes (the call costs it a little CPU)
@@ -245,6 +278,38 @@ class KvSelector:
         except TokenizeFailed as exc:
             log.debug("tokenize on %s failed: %s", asked, exc)
             return group.approximate_keys(state, "tokenize_failed")
+
+    def _audit(self, group: GroupRuntime, state: RequestState, client: Upstream | None, chain: Sequence[int]) -> None:
+        """Now and then, check the local tokenizer's keys against an engine's /tokenize."""
+        audit = self.audits.get(group.name)
+        if audit is not None and client is not None and audit.due():
+            audit.start(client, api=state.key_api, body=state.key_body, model=state.model, expected=chain)
+
+    async def _encode_held(
+        self, group: GroupRuntime, prompt: PartialPrompt, members: Sequence[BackendState], plan: _Plan
+    ) -> None:
+        """Encode `prompt` only as far as some member holds it: past the first block no one
+        holds (index or speculative entries), no match can reach, so the rest cannot change
+        the choice. Pieces are added 1, 4, 16, ... at a time, reading the index after each."""
+        names = [m.name for m in members]
+        step = 1
+        while not prompt.done:
+            chain = prompt.block_hashes
+            if chain:
+                try:
+                    matches = await self.block_reads.match(chain, names)
+                except KvIndexError:
+                    return  # _held reads again and handles the outage
+                plan.matched[group.name] = (len(chain), matches)
+                now = self.clock()
+                memory = group.memory
+                deepest = max(
+                    memory.extends(n, chain, matches[n].any_blocks if n in matches else 0, now) for n in names
+                )
+                if deepest < len(chain):
+                    return
+            prompt.extend(step)
+            step *= 4
 
     async def _held(
         self, group: GroupRuntime, keys: RequestKeys, state: RequestState, members: Sequence[BackendState], plan: _Plan
@@ -262,8 +327,12 @@ class KvSelector:
         if keys.mode == "prefix_key":
             await self._prefix_held(state, members, prompt, held)
             return
+        read = plan.matched.get(group.name)
         try:
-            matches = await self.block_reads.match(keys.chain, names)
+            if read is not None and read[0] == len(keys.chain):
+                matches = read[1]  # read for this very chain while encoding it (_encode_held)
+            else:
+                matches = await self.block_reads.match(keys.chain, names)
         except KvIndexError:
             self.metrics.block_read_errors.inc()
             plan.index_failed = True
@@ -342,11 +411,62 @@ class KvSelector:
         fresh = max(0, plan.prompt_tokens - (h.any_tokens if h is not None else 0))
         state.prefill_tokens = fresh
         self._add_demand(backend.name, fresh, now, start=plan.start)
+        decision = Decision(
+            self.replica, group.name, backend.name, kind, time.time(), list(recorded), fresh, plan.start
+        )
+        pending = plan.partial.pop(group.name, None)
+        if pending is not None and not pending[0].done:
+            self._finish_later(group, pending, decision, plan.indexed.get(backend.name, 0), state)
+            return
+        self._share(decision)
+
+    def _share(self, decision: Decision) -> None:
         if self.share is not None and self.share_decisions:
-            decision = Decision(
-                self.replica, group.name, backend.name, kind, time.time(), list(recorded), fresh, plan.start
-            )
             self.share(decision)
+
+    def _finish_later(
+        self,
+        group: GroupRuntime,
+        pending: tuple[PartialPrompt, Upstream | None],
+        decision: Decision,
+        indexed: int,
+        state: RequestState,
+    ) -> None:
+        """Encode the rest of a prompt routed on its held part once its request is written
+        upstream, and record (and share) its whole chain where it went."""
+        if self._pending_rests >= MAX_PENDING_RESTS:
+            self.metrics.local_encoding.labels(group.name, "rest_skipped").inc()
+            self._share(decision)
+            return
+        self._pending_rests += 1
+        loop = asyncio.get_running_loop()
+        # The forwarder writes the request at the end of this loop turn (a callback scheduled
+        # after this one); two hops put the encoding after that write.
+        finish = partial(self._finish_rest, group, pending, decision, indexed, state)
+        loop.call_soon(loop.call_soon, finish)
+
+    def _finish_rest(
+        self,
+        group: GroupRuntime,
+        pending: tuple[PartialPrompt, Upstream | None],
+        decision: Decision,
+        indexed: int,
+        state: RequestState,
+    ) -> None:
+        self._pending_rests -= 1
+        prompt, client = pending
+        try:
+            chain = prompt.finish().block_hashes
+        except Exception as exc:  # TokenizationError; the request went already
+            log.warning("local tokenizer failed for group %s: %s", group.name, type(exc).__name__)
+            self.metrics.local_encoding.labels(group.name, "rest_failed").inc()
+            self._share(decision)
+            return
+        self.metrics.local_encoding.labels(group.name, "rest_encoded").inc()
+        recorded = chain[indexed:]
+        group.memory.record(decision.backend, recorded, self.clock())
+        self._share(msgspec.structs.replace(decision, keys=list(recorded)))
+        self._audit(group, state, client, chain)
 
     def _follow_answer(self, state: RequestState, group: GroupRuntime, backend: str) -> None:
         """Approximate mode: once a chat request has been answered, record the conversation
