@@ -96,6 +96,18 @@ class _Plan:
     matched: dict[str, tuple[int, dict[str, BlockMatch]]] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _Rest:
+    """A prompt routed on its held part, to be encoded whole once its request was forwarded."""
+
+    group: GroupRuntime
+    prompt: PartialPrompt
+    client: Upstream | None  # for the tokenizer audit, once the chain is whole
+    decision: Decision  # what note() recorded, shared once the chain is whole
+    indexed: int  # leading blocks the block index confirmed (not recorded again)
+    state: RequestState
+
+
 class KvSelector:
     def __init__(
         self,
@@ -172,7 +184,9 @@ class KvSelector:
         state.extras[EXTRAS_KEY] = plan
         for name, members in by_group.items():
             group = self.groups[name]
-            keys = await self._keys(group, state, snapshot, members, plan)
+            started = time.perf_counter()
+            keys = await self._compute_keys(group, state, snapshot, members, plan)
+            self._observe_keys(group, keys, started)
             plan.keys[name] = keys
             plan.prompt_tokens = max(plan.prompt_tokens, keys.prompt_tokens)
             await self._held(group, keys, state, members, plan)
@@ -216,20 +230,10 @@ class KvSelector:
             return {}
         return {c.name: self.commitments.value(c.name, now, rate) for c in candidates}
 
-    async def _keys(
-        self,
-        group: GroupRuntime,
-        state: RequestState,
-        snapshot: RouterSnapshot,
-        members: Sequence[BackendState],
-        plan: _Plan,
-    ) -> RequestKeys:
-        started = time.perf_counter()
-        keys = await self._compute_keys(group, state, snapshot, members, plan)
+    def _observe_keys(self, group: GroupRuntime, keys: RequestKeys, started: float) -> None:
         self.metrics.keys_seconds.labels(keys.mode).observe(time.perf_counter() - started)
         if keys.fallback is not None:
             self.metrics.precise_fallbacks.labels(group.name, keys.fallback).inc()
-        return keys
 
     async def _compute_keys(
         self,
@@ -416,7 +420,8 @@ class KvSelector:
         )
         pending = plan.partial.pop(group.name, None)
         if pending is not None and not pending[0].done:
-            self._finish_later(group, pending, decision, plan.indexed.get(backend.name, 0), state)
+            prompt, client = pending
+            self._finish_later(_Rest(group, prompt, client, decision, plan.indexed.get(backend.name, 0), state))
             return
         self._share(decision)
 
@@ -424,49 +429,34 @@ class KvSelector:
         if self.share is not None and self.share_decisions:
             self.share(decision)
 
-    def _finish_later(
-        self,
-        group: GroupRuntime,
-        pending: tuple[PartialPrompt, Upstream | None],
-        decision: Decision,
-        indexed: int,
-        state: RequestState,
-    ) -> None:
+    def _finish_later(self, rest: _Rest) -> None:
         """Encode the rest of a prompt routed on its held part once its request is written
         upstream, and record (and share) its whole chain where it went."""
         if self._pending_rests >= MAX_PENDING_RESTS:
-            self.metrics.local_encoding.labels(group.name, "rest_skipped").inc()
-            self._share(decision)
+            self.metrics.local_encoding.labels(rest.group.name, "rest_skipped").inc()
+            self._share(rest.decision)
             return
         self._pending_rests += 1
         loop = asyncio.get_running_loop()
         # The forwarder writes the request at the end of this loop turn (a callback scheduled
         # after this one); two hops put the encoding after that write.
-        finish = partial(self._finish_rest, group, pending, decision, indexed, state)
-        loop.call_soon(loop.call_soon, finish)
+        loop.call_soon(loop.call_soon, self._finish_rest, rest)
 
-    def _finish_rest(
-        self,
-        group: GroupRuntime,
-        pending: tuple[PartialPrompt, Upstream | None],
-        decision: Decision,
-        indexed: int,
-        state: RequestState,
-    ) -> None:
+    def _finish_rest(self, rest: _Rest) -> None:
         self._pending_rests -= 1
-        prompt, client = pending
+        group, decision = rest.group, rest.decision
         try:
-            chain = prompt.finish().block_hashes
+            chain = rest.prompt.finish().block_hashes
         except Exception as exc:  # TokenizationError; the request went already
             log.warning("local tokenizer failed for group %s: %s", group.name, type(exc).__name__)
             self.metrics.local_encoding.labels(group.name, "rest_failed").inc()
             self._share(decision)
             return
         self.metrics.local_encoding.labels(group.name, "rest_encoded").inc()
-        recorded = chain[indexed:]
+        recorded = chain[rest.indexed :]
         group.memory.record(decision.backend, recorded, self.clock())
         self._share(msgspec.structs.replace(decision, keys=list(recorded)))
-        self._audit(group, state, client, chain)
+        self._audit(group, rest.state, rest.client, chain)
 
     def _follow_answer(self, state: RequestState, group: GroupRuntime, backend: str) -> None:
         """Approximate mode: once a chat request has been answered, record the conversation
