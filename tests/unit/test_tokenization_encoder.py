@@ -170,6 +170,10 @@ def test_unsupported_families_fall_back_to_whole_texts(
         assert encoded(encoder, text, False) == reference(families[name], hasher, text, False)
         assert encoded(encoder, text, False) == reference(families[name], hasher, text, False)
         assert encoder.stats.whole_text == 2 and encoder.stats.whole_text_hits == 1
+        partial = encoder.begin(text + " more", add_special_tokens=False)  # lazily: whole at once
+        count, whole = reference(families[name], hasher, text + " more", False)
+        assert partial.done and (partial.token_count, partial.block_hashes) == (count, whole)
+        assert partial.finish().block_hashes == whole and encoder.stats.requests == 3
 
 
 # -- equality with whole-text tokenization ------------------------------------------------------------

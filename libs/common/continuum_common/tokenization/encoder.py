@@ -161,16 +161,15 @@ class PromptEncoder:
         if not isinstance(text, str):
             raise TokenizationError("the prompt must be a string")
         self.stats.requests += 1
-        if self.support.ok:
-            try:
-                pieces = self._splitter.pieces(text)
-                node = self._root(add_special_tokens, cache_salt, lora_name)
-            except BlockHashError as exc:
-                raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
-            return PartialPrompt(self, text, pieces, node, (add_special_tokens, cache_salt, lora_name))
-        whole = self.encode(text, add_special_tokens=add_special_tokens, cache_salt=cache_salt, lora_name=lora_name)
-        self.stats.requests -= 1  # counted once
-        return PartialPrompt.complete(self, text, whole)
+        try:
+            if not self.support.ok:  # whole texts only: nothing to take lazily
+                whole = self._encode_whole(text, add_special_tokens, cache_salt, lora_name)
+                return PartialPrompt.complete(self, text, whole)
+            pieces = self._splitter.pieces(text)
+            node = self._root(add_special_tokens, cache_salt, lora_name)
+        except BlockHashError as exc:
+            raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
+        return PartialPrompt(self, text, pieces, node, (add_special_tokens, cache_salt, lora_name))
 
     # -- piecewise ------------------------------------------------------------------------------
 
