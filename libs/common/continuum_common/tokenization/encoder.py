@@ -14,6 +14,8 @@ full block and the tokens of the unfinished block. A request walks the tree from
 piece and everything after it are tokenized (chunks.py, one tokenizer pass) and hashed from the
 last known node on. A conversation's next turn thus costs the splitting of its text, one
 dictionary probe per known piece and the tokenizing and hashing of the new turn only.
+`begin(text)` walks the known start the same way and leaves the rest to be encoded later, as
+far as the caller needs it (`PartialPrompt`); `encode` is `begin(...).finish()`.
 
 Memory is bounded: nodes (and whole-text results) in an LRU by bytes, word chunks in a
 two-generation cache (together `max_cache_bytes`). Everything is synchronous, pure CPU and
@@ -133,18 +135,8 @@ class PromptEncoder:
     ) -> EncodedPrompt:
         """Token count and block hashes of `text` as the engine will see it; TokenizationError
         when it cannot be computed (the caller falls back)."""
-        self.stats.requests += 1
-        if not isinstance(text, str):
-            raise TokenizationError("the prompt must be a string")
-        try:
-            if self.support.ok:
-                try:
-                    return self._encode_pieces(text, add_special_tokens, cache_salt, lora_name)
-                except PieceMismatch:
-                    self.stats.fallbacks += 1
-            return self._encode_whole(text, add_special_tokens, cache_salt, lora_name)
-        except BlockHashError as exc:
-            raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
+        prompt = self.begin(text, add_special_tokens=add_special_tokens, cache_salt=cache_salt, lora_name=lora_name)
+        return prompt.finish()
 
     def begin(
         self,
@@ -172,37 +164,6 @@ class PromptEncoder:
         return PartialPrompt(self, text, pieces, node, (add_special_tokens, cache_salt, lora_name))
 
     # -- piecewise ------------------------------------------------------------------------------
-
-    def _encode_pieces(self, text: str, add_special: bool, salt: str | None, lora: str | None) -> EncodedPrompt:
-        pieces = self._splitter.pieces(text)
-        node = self._root(add_special, salt, lora)
-        hashes: list[int] = []
-        nodes = self._nodes
-        known = 0
-        for piece in pieces:
-            child = nodes.get((node.id, piece))
-            if child is None:
-                break
-            assert isinstance(child, _Node)
-            hashes += child.wire
-            node = child
-            known += 1
-        self.stats.node_hits += known
-        if known < len(pieces):
-            missing = pieces[known:]
-            self.stats.node_misses += len(missing)
-            keys: list[Hashable] = [None] * len(missing)
-            ids = self._chunks.encode_pieces(missing)
-            node = self._extend(node, missing, keys, ids, salt=salt, lora=lora, hashes=hashes)
-        suffix = self.support.suffix_ids
-        if add_special and suffix:
-            cached = nodes.get((node.id, _SUFFIX))
-            if isinstance(cached, _Node):
-                node = cached
-                hashes += node.wire
-            else:
-                node = self._extend(node, [_SUFFIX], [None], [list(suffix)], salt=salt, lora=lora, hashes=hashes)
-        return EncodedPrompt(node.count, hashes)
 
     def _root(self, add_special: bool, salt: str | None, lora: str | None) -> _Node:
         key = ("\x00root", add_special, salt, lora)
