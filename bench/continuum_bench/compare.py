@@ -174,11 +174,12 @@ async def _one_run(
             name=f"compare-{workload}-{name}", command=f"{base.command} (workload {workload}, router {name})",
         )  # fmt: skip
         # What the router did while starting (and the readiness probe) is not per request.
-        before = await cpu_snapshot(os.getpid())
+        # Only process fleets let the engines' CPU be told from the router's.
+        before = await cpu_snapshot(os.getpid()) if engine_pids else None
         report, results = await run_fleet_bench(
             opts, before_run=tap.reset if tap else None, on_interrupt=partial(restart_fronts, ctx)
         )
-        if engine_pids:  # process fleets: the engines' CPU can be told from the router's
+        if before is not None:
             used = cpu_used(before, await cpu_snapshot(os.getpid()), engine_pids)
             report["cpu_s"] = {
                 "router": used.router_s,

@@ -25,11 +25,12 @@ single-threaded; errors are TokenizationError. When the tokenizer cannot be run 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import sys
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from continuum_common.hashing.blocks import BlockHasher, BlockHashError
@@ -153,15 +154,14 @@ class PromptEncoder:
         if not isinstance(text, str):
             raise TokenizationError("the prompt must be a string")
         self.stats.requests += 1
-        try:
+        options = (add_special_tokens, cache_salt, lora_name)
+        with _hash_errors():
             if not self.support.ok:  # whole texts only: nothing to take lazily
                 whole = self._encode_whole(text, add_special_tokens, cache_salt, lora_name)
-                return PartialPrompt.complete(self, text, whole)
+                return PartialPrompt(self, text, [], None, options, result=whole)
             pieces = self._splitter.pieces(text)
             node = self._root(add_special_tokens, cache_salt, lora_name)
-        except BlockHashError as exc:
-            raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
-        return PartialPrompt(self, text, pieces, node, (add_special_tokens, cache_salt, lora_name))
+        return PartialPrompt(self, text, pieces, node, options)
 
     # -- piecewise ------------------------------------------------------------------------------
 
@@ -240,6 +240,15 @@ class PromptEncoder:
         return result
 
 
+@contextlib.contextmanager
+def _hash_errors() -> Iterator[None]:
+    """A block hasher's refusal, as the TokenizationError callers fall back on."""
+    try:
+        yield
+    except BlockHashError as exc:
+        raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
+
+
 class PartialPrompt:
     """A prompt encoded as far as asked (`PromptEncoder.begin`): `block_hashes` and
     `token_count` cover its first `chars_done` characters; `estimated_tokens` extrapolates the
@@ -255,9 +264,13 @@ class PartialPrompt:
         encoder: PromptEncoder,
         text: str,
         pieces: list[Piece],
-        root: _Node,
+        root: _Node | None,
         options: tuple[bool, str | None, str | None],
+        *,
+        result: EncodedPrompt | None = None,
     ) -> None:
+        """`root` and the `pieces` under it to walk; or `result`, already whole (a tokenizer
+        that cannot work piece by piece)."""
         self._encoder = encoder
         self.text = text
         self._pieces = pieces
@@ -266,19 +279,12 @@ class PartialPrompt:
         self.block_hashes: list[int] = []
         self.token_count = 0
         self.chars_done = 0
-        self._node = root
+        self._node = root if root is not None else _Node(0, 0, 0, last=None, tail=[], wire=[])
         self._done_pieces = 0
-        self._walk_known()
-
-    @classmethod
-    def complete(cls, encoder: PromptEncoder, text: str, result: EncodedPrompt) -> PartialPrompt:
-        """An already whole result (the tokenizer cannot work piece by piece)."""
-        out = cls.__new__(cls)
-        out._encoder, out.text, out._pieces, out._options = encoder, text, [], (False, None, None)
-        out._node = _Node(0, 0, 0, last=None, tail=[], wire=[])
-        out._done_pieces = 0
-        out._finished(result)
-        return out
+        if result is not None:
+            self._finished(result)
+        else:
+            self._walk_known()
 
     @property
     def done(self) -> bool:
@@ -321,15 +327,14 @@ class PartialPrompt:
         _, salt, lora = self._options
         try:
             ids = encoder._chunks.encode_pieces(missing)
-            self._node = encoder._extend(
-                self._node, missing, [None] * len(missing), ids, salt=salt, lora=lora, hashes=self.block_hashes
-            )
+            with _hash_errors():
+                self._node = encoder._extend(
+                    self._node, missing, [None] * len(missing), ids, salt=salt, lora=lora, hashes=self.block_hashes
+                )
         except PieceMismatch:
             encoder.stats.fallbacks += 1
             self._whole()
             return
-        except BlockHashError as exc:
-            raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
         self.chars_done += sum(len(piece[1]) for piece in missing)
         self.token_count = self._node.count
         self._done_pieces += len(missing)
@@ -347,25 +352,21 @@ class PartialPrompt:
         encoder, node = self._encoder, self._node
         suffix = encoder.support.suffix_ids
         hashes = self.block_hashes
-        try:
-            if add_special and suffix:
-                cached = encoder._nodes.get((node.id, _SUFFIX))
-                if isinstance(cached, _Node):
-                    node = cached
-                    hashes += node.wire
-                else:
+        if add_special and suffix:
+            cached = encoder._nodes.get((node.id, _SUFFIX))
+            if isinstance(cached, _Node):
+                node = cached
+                hashes += node.wire
+            else:
+                with _hash_errors():
                     node = encoder._extend(node, [_SUFFIX], [None], [list(suffix)], salt=salt, lora=lora, hashes=hashes)
-        except BlockHashError as exc:
-            raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
         self._node = node
         self._finished(EncodedPrompt(node.count, hashes))
 
     def _whole(self) -> None:
         add_special, salt, lora = self._options
-        try:
+        with _hash_errors():
             result = self._encoder._encode_whole(self.text, add_special, salt, lora)
-        except BlockHashError as exc:
-            raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
         self._finished(result)
 
     def _finished(self, result: EncodedPrompt) -> None:
