@@ -8,8 +8,9 @@ import contextlib
 import random
 
 import redis.asyncio as aioredis
+from nats.js.api import AckPolicy
 
-from continuum_common.events import EventType, KvEvent, Tier
+from continuum_common.events import STREAM_NAME, EventType, KvEvent, Tier
 from continuum_common.kvindex import KvHolder
 from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.procs import NatsServer, RedisServer
@@ -40,6 +41,14 @@ async def test_embedded_index_replays_then_follows_the_stream(nats_server: NatsS
                 await asyncio.sleep(0.02)
             assert await replica.index.query_many([prefix(i) for i in range(PREFIXES)]) == want
         assert replicas[0].feeds.consumer.stats.events_received == len(events)
+        # private consumers ack nothing (AckPolicy NONE) and still get every message, beyond
+        # one pull's batch
+        infos = await nc.jetstream().consumers_info(STREAM_NAME)
+        assert len(infos) == 2
+        for info in infos:
+            assert info.config.ack_policy == AckPolicy.NONE
+            assert info.num_pending == 0 and info.num_ack_pending == 0
+            assert info.delivered is not None and info.delivered.stream_seq == len(events)
     finally:
         for replica in replicas:
             replica.stop()

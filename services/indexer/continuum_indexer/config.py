@@ -27,6 +27,8 @@ class ConsumerSettings:
     # the waiting pull request at once; this only paces the stop check).
     idle_wait_s: float = 0.5
     replay_seconds: float | None = None
+    # False: AckPolicy NONE, for a private consumer whose index writes cannot fail (memory)
+    acks: bool = True
     # Block events per block-index write: a backlog's pull is applied (and acked) in parts.
     block_write_events: int = 8192
     block_writes_in_flight: int = 2

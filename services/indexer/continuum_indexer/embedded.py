@@ -49,7 +49,7 @@ class EmbeddedKvIndex:
         self.blocks = InMemoryBlockIndex.from_config(section)
         self.settings = IndexerSettings(
             config=config,
-            consumer=ConsumerSettings(durable=None, replay_seconds=float(section.entry_ttl_seconds)),
+            consumer=ConsumerSettings(durable=None, replay_seconds=float(section.entry_ttl_seconds), acks=False),
             listen=None,
             maintenance_interval_s=maintenance_interval_s,
         )

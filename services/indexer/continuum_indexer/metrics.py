@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # A dropped bus message is one v1 event or one whole v2 batch.
-DROP_REASONS = ("decode", "too_large", "backend_mismatch", "not_bus_source", "invalid", "unknown_type")
+DROP_REASONS = ("decode", "too_large", "backend_mismatch", "not_bus_source", "invalid", "unknown_type", "write_failed")
 BLOCK_RESULTS = ("applied", "stale")
 TIERS = ("gpu", "storage")
 RESULTS = ("applied", "stale", "ignored")

@@ -2,7 +2,10 @@
 
 * Durable (shared by every indexer replica: JetStream hands each message to one of them) or,
   for the embedded memory mode, private and ephemeral, replaying the recent stream on start.
-* Explicit acks, `max_ack_pending` bounds what is in flight, unlimited redelivery.
+* Explicit acks, `max_ack_pending` bounds what is in flight, unlimited redelivery. The private
+  consumer of an embedded in-memory index acks nothing (`acks=False`, AckPolicy NONE): its
+  writes cannot fail, it dies with its process, and an ack per message was one more NATS message
+  each way for every bus message (the pull requests still bound what is delivered).
 * A message is a version-1 prefix-key event (prefix index) or a version-2 KV batch (block
   index); a fetched batch's KV batches are applied together (one script call per backend),
   in writes of at most `block_write_events` block events, each acked once written.
@@ -21,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -112,6 +115,9 @@ class JetStreamConsumer:
             filter_subject=SUBJECT_WILDCARD,
             deliver_policy=DeliverPolicy.ALL,
         )
+        if not s.acks:
+            config.ack_policy = AckPolicy.NONE
+            config.ack_wait = config.max_ack_pending = config.max_deliver = None
         if s.durable is None:
             # private consumer of an embedded process: gone a minute after the process is
             config.inactive_threshold = 60.0
@@ -201,7 +207,7 @@ class JetStreamConsumer:
         if gone is not None:
             raise gone
         for msg in puller.leftovers():
-            await self._settle(msg.nak())
+            await self._settle(msg, "nak")
 
     async def _handle_in_slot(self, msgs: list[Msg], slots: asyncio.Semaphore) -> None:
         try:
@@ -230,7 +236,7 @@ class JetStreamConsumer:
                 item = decode_bus_message(msg.subject, msg.data)
             except DroppedEvent as drop:
                 self._drop(msg, drop)
-                await self._settle(msg.term())
+                await self._settle(msg, "term")
                 continue
             if isinstance(item, KvBatch):
                 # SSE sources carry prefix-key events only: blocks always come from the bus
@@ -238,7 +244,7 @@ class JetStreamConsumer:
                 batch_msgs.append(msg)
             elif item.backend in self.skip_backends:
                 self.sink.dropped(item.backend, "not_bus_source")
-                await self._settle(msg.ack())
+                await self._settle(msg, "ack")
             else:
                 events.append(item)
                 event_msgs.append(msg)
@@ -256,8 +262,10 @@ class JetStreamConsumer:
                 self._backoff.reset()
             return
         delay = self._backoff.next()
+        if not self.settings.acks:  # nothing redelivers them: count them as lost
+            self.sink.dropped(None, "write_failed", len(failed))
         for msg in failed:
-            await self._settle(msg.nak(delay=delay))
+            await self._settle(msg, "nak", delay)
         await asyncio.sleep(delay)
 
     async def _write_blocks(self, batches: list[KvBatch], msgs: list[Msg]) -> list[Msg]:
@@ -286,7 +294,7 @@ class JetStreamConsumer:
             log.warning("index write failed (%s); %d %s naked", exc, len(msgs), what)
             return False
         for msg in msgs:
-            await self._settle(msg.ack())
+            await self._settle(msg, "ack")
         return True
 
     @staticmethod
@@ -316,10 +324,18 @@ class JetStreamConsumer:
             drop,
         )
 
-    async def _settle(self, op: Any) -> None:
+    async def _settle(self, msg: Msg, how: Literal["ack", "nak", "term"], delay: float | None = None) -> None:
         """Ack/nak/term are fire-and-forget publishes; a lost one means a redelivery, which
-        the index absorbs, so a failure here is logged, not raised."""
+        the index absorbs, so a failure here is logged, not raised. Nothing is sent by a
+        consumer that acks nothing."""
+        if not self.settings.acks:
+            return
         try:
-            await op
+            if how == "ack":
+                await msg.ack()
+            elif how == "nak":
+                await msg.nak(delay=delay)
+            else:
+                await msg.term()
         except (nats.errors.Error, OSError) as exc:
             log.debug("could not settle a message: %s", type(exc).__name__)
