@@ -21,7 +21,8 @@ cached and ideal tokens, TTFT), so two runs can be compared request by request.
 
 Built-in routers (each a real process tree, nothing in the benchmark's own event loop) are
 listed in bench/continuum_bench/fleet/continuum.py; `direct-round-robin` and `direct-prefix-hash` are the
-benchmark's own baselines (no router).
+benchmark's own baselines (no router). Name one beside the routers and the summary also gives
+each router's own path over it: what the router itself added to the time to first token.
 
 Adding a router: write an async context manager that starts it against the fleet described by
 a `FleetContext` and yields its base URL (`http://host:port`, the benchmark appends `/v1`) —
