@@ -291,7 +291,8 @@ class JetStreamConsumer:
             else:
                 await self._traced(self.tracing, write, msgs, what)
         except KvIndexError as exc:
-            log.warning("index write failed (%s); %d %s naked", exc, len(msgs), what)
+            fate = "naked" if self.settings.acks else "lost"
+            log.warning("index write failed (%s); %d %s %s", exc, len(msgs), what, fate)
             return False
         for msg in msgs:
             await self._settle(msg, "ack")
