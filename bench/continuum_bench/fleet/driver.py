@@ -17,6 +17,17 @@ rolling restart of the router does: new requests wait, the requests in flight fi
 may listen elsewhere), and the waiting requests go out. Their time to first token counts from
 when they are sent, so the pause itself is not in it; `interruption` records when it began and
 how long it lasted.
+
+The client's own CPU work stays off its event loop, so it does not delay the requests in flight
+(their writes, and the reading of their first chunks, would otherwise wait for it and count as
+the router's time): a session's next request (rendering its prompt and tokenizing it, about
+50 ms for a 12k-token prompt with a Hugging Face tokenizer) is prepared on one worker thread
+before it is due, a trace request `PREPARE_AHEAD` seconds before its time, a later turn during
+the think time before it; and the ideal cache (fleet/ideal.py) takes each send and each answer
+on the same thread, in the order they happened, its hits filled in once the run is over. The
+single worker keeps the workload's and the ideal cache's state in one thread and their calls in
+order; the tokenizer releases the interpreter lock while it encodes. A request whose
+preparation ran past its time goes out at once and is counted in `late_sends`.
 """
 
 from __future__ import annotations
@@ -25,8 +36,9 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -45,6 +57,16 @@ from continuum_common.hashing import request_prefix_key
 
 # Continuum's ingress names the backend it forwarded to in this answer header.
 BACKEND_HEADER = "x-continuum-backend"
+# Real seconds before its time a session's first request is prepared.
+PREPARE_AHEAD = 1.0
+# A request sent later than this after its time counts as a late send.
+LATE_AFTER = 0.05
+
+T = TypeVar("T")
+
+
+def _nothing() -> None:
+    return None
 
 
 class InterruptFailed(RuntimeError):
@@ -115,6 +137,7 @@ class Driver:
         api_form: str = "native",
         interrupt_at: float | None = None,
         on_interrupt: Callable[[list[str]], Awaitable[list[str]]] | None = None,
+        prepare_ahead: float = PREPARE_AHEAD,
     ) -> None:
         self.targets = targets
         self.mode = mode
@@ -137,26 +160,52 @@ class Driver:
         self._drained = asyncio.Event()
         self._counter = 0
         self._t0 = 0.0
+        self.prepare_ahead = prepare_ahead
+        self.late_sends = 0  # requests sent more than LATE_AFTER after their time
+        self._worker: ThreadPoolExecutor | None = None
+        # (result, its ideal hit being computed on the worker), filled in after the run
+        self._ideal_hits: list[tuple[RequestResult, asyncio.Future[int]]] = []
 
     async def run(self, workload: Workload) -> list[RequestResult]:
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
         timeout = httpx.Timeout(self.request_timeout, connect=10.0)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-            self._t0 = time.monotonic()
-            try:
-                async with asyncio.TaskGroup() as group:
-                    if self.interrupt_at is not None and self.on_interrupt is not None:
-                        group.create_task(self._interrupt(self.interrupt_at, self.on_interrupt))
-                    for session in workload.sessions():
-                        delay = self._t0 + session.start * self.time_scale - time.monotonic()
-                        if delay > 0:
-                            await asyncio.sleep(delay)
-                        group.create_task(self._run_session(client, session))
-            except* InterruptFailed as failed:
-                error = failed.exceptions[0]
-                raise error from error.__cause__
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-client")
+        try:
+            async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+                self._t0 = time.monotonic()
+                await self._launch(client, workload)
+            for result, hit in self._ideal_hits:
+                result.ideal_hit_tokens = await hit
+            await self._off_loop(_nothing)  # every answer is in the ideal cache too
+        finally:
+            self._worker.shutdown(wait=True, cancel_futures=True)
+            self._worker = None
         self.progress.finish()
         return self.results
+
+    async def _launch(self, client: httpx.AsyncClient, workload: Workload) -> None:
+        """Start each session `prepare_ahead` seconds before its first request is due."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                if self.interrupt_at is not None and self.on_interrupt is not None:
+                    group.create_task(self._interrupt(self.interrupt_at, self.on_interrupt))
+                for session in workload.sessions():
+                    due = self._t0 + session.start * self.time_scale
+                    delay = due - self.prepare_ahead - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    group.create_task(self._run_session(client, session, due))
+        except* InterruptFailed as failed:
+            error = failed.exceptions[0]
+            raise error from error.__cause__
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """`fn(*args)` on the client's worker thread, after the work submitted before it."""
+        assert self._worker is not None
+        return asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._submit(fn, *args)
 
     async def _interrupt(self, at: float, action: Callable[[list[str]], Awaitable[list[str]]]) -> None:
         await asyncio.sleep(max(0.0, self._t0 + at - time.monotonic()))
@@ -174,15 +223,20 @@ class Driver:
             self.interruption = (began - self._t0, time.monotonic() - began, drained)
             self._open.set()
 
-    async def _run_session(self, client: httpx.AsyncClient, session: Session) -> None:
+    async def _run_session(self, client: httpx.AsyncClient, session: Session, due: float) -> None:
+        """Each request is prepared off the loop, then sent at its time (`due`: the session's
+        start, then the end of each think time)."""
         previous: str | None = None
         stored = StoredTurn() if self.api_form == "responses-stored" else None
-        while (request := session.next_request(previous)) is not None:
+        while (request := await self._off_loop(session.next_request, previous)) is not None:
+            late = time.monotonic() - due
+            if late < 0:
+                await asyncio.sleep(-late)
+            elif late > LATE_AFTER:
+                self.late_sends += 1
             result, text = await self._send(client, request, stored)
             previous = text if result.ok else None
-            think = session.think_time()
-            if think > 0:
-                await asyncio.sleep(think * self.time_scale)
+            due = time.monotonic() + max(0.0, session.think_time()) * self.time_scale
 
     def _target(self, request: BenchRequest) -> tuple[str, int | None, int | None]:
         """(base URL, engine index when the benchmark picks it, router replica index)."""
@@ -201,6 +255,11 @@ class Driver:
     def _ideal_send(self, prompt_ids: list[int]) -> int:
         hits = [cache.on_send(prompt_ids) for cache in self.ideals]
         return hits[0]
+
+    def _ideal_complete(self, prompt_ids: list[int], text: str) -> None:
+        output_ids = self.codec.encode(text)
+        for cache in self.ideals:
+            cache.on_complete(prompt_ids, output_ids)
 
     async def _send(
         self, client: httpx.AsyncClient, request: BenchRequest, stored: StoredTurn | None = None
@@ -227,7 +286,8 @@ class Driver:
         else:
             path = "/chat/completions" if request.api == "chat" else "/completions"
             body = {"model": self.model, **request.body, "stream": True, "stream_options": {"include_usage": True}}
-        ideal_hit = self._ideal_send(request.prompt_ids)
+        # Submitted now, so the ideal cache sees the sends and answers in the order they happened.
+        ideal_hit = self._submit(self._ideal_send, request.prompt_ids)
         sent = time.monotonic()
         self.progress.in_flight += 1
         self.progress.update()
@@ -245,9 +305,7 @@ class Driver:
         if stored is not None and request.api == "chat":
             stored.answered(request.body, response_id if ok else None, text)
         if ok:
-            output_ids = self.codec.encode(text)
-            for cache in self.ideals:
-                cache.on_complete(request.prompt_ids, output_ids)
+            self._submit(self._ideal_complete, request.prompt_ids, text)
         details = usage.get("prompt_tokens_details") or {}
         result = RequestResult(
             ok=ok,
@@ -259,10 +317,11 @@ class Driver:
             prompt_tokens=int(usage.get("prompt_tokens", len(request.prompt_ids))),
             cached_tokens=int(details.get("cached_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens", 0)),
-            ideal_hit_tokens=ideal_hit,
+            ideal_hit_tokens=0,  # filled in after the run
             replica=replica,
             backend=routed[0] if routed else None,
         )
+        self._ideal_hits.append((result, ideal_hit))
         self.results.append(result)
         self.progress.done += 1
         self.progress.errors += 0 if ok else 1

@@ -14,6 +14,11 @@ exactly as the engine does:
 
 Chat prompts are tokenized without added special tokens (the template writes them), completion
 prompts with them, as vLLM does.
+
+The load driver tokenizes on a worker thread beside its event loop (fleet/driver.py). The
+`tokenizers` library keeps the interpreter lock through `encode` and `decode` but releases it in
+`encode_batch` and `decode_batch`, so the benchmark's tokenizer sends long texts through those:
+a 12k-token prompt otherwise holds the loop's thread for tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -24,12 +29,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from continuum_common.tokenization import LocalTokenizer
+from continuum_common.tokenization import LocalTokenizer, TokenizationError
 from continuum_sim.protocol.chat_template import ChatMessage
 from continuum_sim.protocol.codec import BuiltinCodec, HfCodec, PromptCodec
 from continuum_sim.protocol.tokenizer import Tokenizer
 
 TOKENIZER_CHOICES = ("builtin", "hf")
+# From this many characters (or ids) on, calls go through the lock-releasing batch forms; below,
+# the call is shorter than the interpreter's switch interval anyway.
+UNLOCKED_FROM = 2_000
+
+
+class UnlockedTokenizer(LocalTokenizer):
+    """A LocalTokenizer whose long encodes and decodes release the interpreter lock (the same
+    ids and text: the batch forms run the same pipeline)."""
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        if len(text) < UNLOCKED_FROM:
+            return super().encode(text, add_special_tokens=add_special_tokens)
+        try:
+            ids: list[int] = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except Exception as exc:  # as LocalTokenizer.encode
+            raise TokenizationError(f"the tokenizer failed to encode: {type(exc).__name__}") from None
+        return ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        if len(ids) < UNLOCKED_FROM:
+            return super().decode(ids, skip_special_tokens=skip_special_tokens)
+        try:
+            texts: list[str] = self.backend.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)
+        except Exception as exc:
+            raise TokenizationError(f"the tokenizer failed to decode: {type(exc).__name__}") from None
+        return texts[0]
 
 
 class TokenCodec(Protocol):
@@ -101,7 +132,7 @@ def make_codec(kind: str, files: HfTokenizerFiles | None = None) -> EngineCodec:
     if kind == "hf":
         if files is None:
             raise ValueError("--tokenizer hf needs the tokenizer files")
-        local = LocalTokenizer(files.tokenizer, chat_template=files.chat_template)
+        local = UnlockedTokenizer(files.tokenizer, chat_template=files.chat_template)
         return EngineCodec("hf", HfCodec(local), exact=False)
     raise ValueError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZER_CHOICES)}")
 
