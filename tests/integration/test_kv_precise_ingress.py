@@ -273,6 +273,44 @@ async def test_only_the_held_part_is_encoded_before_routing_and_the_rest_after(
         assert sample(ing, "continuum_kv_local_encoding_total", group="fleet", how="whole") == 1
 
 
+async def test_the_rest_is_encoded_a_slice_per_loop_turn(
+    nats_server: NatsServer, tokenizer_files: TokenizerFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long rest is encoded over many turns of the event loop (a slice each, here the
+    smallest), not in one callback that would hold up everything else the loop serves, and
+    the chain it ends with is the engine's own."""
+    from continuum_ingress.kv import selector as selector_module
+
+    monkeypatch.setattr(selector_module, "REST_SLICE_SECONDS", 0.0)
+    async with (
+        running_stubs("a", "b") as stubs,
+        ingress(config(stubs, nats_server.url, tokenizer_files)) as (ing, c),
+    ):
+        kv = ing.app.kv
+        assert kv is not None
+        selector = kv.selector
+        slices = 0
+        encode_rests = selector._encode_rests
+
+        def counted() -> None:
+            nonlocal slices
+            slices += 1
+            encode_rests()
+
+        monkeypatch.setattr(selector, "_encode_rests", counted)
+        doc = [{"role": "user", "content": "".join(f"Fresh text number {i}. " for i in range(600))}]
+        r = await c.post("/v1/chat/completions", json=chat(doc))
+        assert r.status_code == 200
+        await eventually(
+            lambda: sample(ing, "continuum_kv_local_encoding_total", group="fleet", how="rest_encoded") == 1
+        )
+        assert slices >= 10, "the rest went a few pieces per loop turn"
+        whole = engine_hashes(tokenizer_files, doc)
+        backend = r.headers["x-continuum-backend"]
+        group = selector.groups["fleet"]
+        assert group.memory.extends(backend, whole, 0, selector.clock()) == len(whole)
+
+
 async def test_on_path_encodes_the_whole_prompt_before_routing(
     nats_server: NatsServer, tokenizer_files: TokenizerFiles
 ) -> None:

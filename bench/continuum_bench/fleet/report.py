@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from continuum_bench.fleet.driver import RequestResult
+from continuum_bench.fleet.driver import LATE_AFTER, RequestResult
 from continuum_bench.fleet.scrape import EngineCounters
 
 REQUEST_LOG_HELP = (
@@ -208,6 +208,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"\nEngine process RSS (MB): start {rss['start']:.0f}, peak {rss['peak']:.0f}, end {rss['end']:.0f}; "
             f"over the run: {', '.join(f'{x:.0f}' for x in rss.get('timeline', []))}\n"
+        )
+    if report.get("late_sends"):
+        lines.append(
+            f"\n{report['late_sends']} requests went out more than {LATE_AFTER * 1000:.0f} ms after their time: the"
+            " benchmark's client could not prepare them sooner\n"
         )
     if res["error_samples"]:
         lines.append("\nErrors: " + "; ".join(f"{k} (x{v})" for k, v in res["error_samples"].items()) + "\n")

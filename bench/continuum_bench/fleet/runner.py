@@ -334,6 +334,7 @@ async def run_fleet_bench(
         "workload": workload.describe(),
         "results": summary,
         "rss_mb": sampler.summary(),
+        "late_sends": driver.late_sends,
     }
     if driver.interruption is not None:
         report["restart"] = restart_summary(results, *driver.interruption)
