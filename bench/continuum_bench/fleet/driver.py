@@ -178,7 +178,8 @@ class Driver:
                 result.ideal_hit_tokens = await hit
             await self._off_loop(_nothing)  # every answer is in the ideal cache too
         finally:
-            self._worker.shutdown(wait=True, cancel_futures=True)
+            # Idle after the barrier above; after an error its current call ends on its own.
+            self._worker.shutdown(wait=False, cancel_futures=True)
             self._worker = None
         self.progress.finish()
         return self.results
