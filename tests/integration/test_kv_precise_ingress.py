@@ -279,9 +279,6 @@ async def test_the_rest_is_encoded_a_slice_per_loop_turn(
     """A long rest is encoded over many turns of the event loop (a slice each, here the
     smallest), not in one callback that would hold up everything else the loop serves, and
     the chain it ends with is the engine's own."""
-    from continuum_ingress.kv import selector as selector_module
-
-    monkeypatch.setattr(selector_module, "REST_SLICE_SECONDS", 0.0)
     async with (
         running_stubs("a", "b") as stubs,
         ingress(config(stubs, nats_server.url, tokenizer_files)) as (ing, c),
@@ -289,15 +286,17 @@ async def test_the_rest_is_encoded_a_slice_per_loop_turn(
         kv = ing.app.kv
         assert kv is not None
         selector = kv.selector
+        rests = selector._rests
+        monkeypatch.setattr(rests, "slice_seconds", 0.0)
         slices = 0
-        encode_rests = selector._encode_rests
+        encode = rests._encode
 
         def counted() -> None:
             nonlocal slices
             slices += 1
-            encode_rests()
+            encode()
 
-        monkeypatch.setattr(selector, "_encode_rests", counted)
+        monkeypatch.setattr(rests, "_encode", counted)
         doc = [{"role": "user", "content": "".join(f"Fresh text number {i}. " for i in range(600))}]
         r = await c.post("/v1/chat/completions", json=chat(doc))
         assert r.status_code == 200

@@ -21,10 +21,9 @@ With `scoring: seed` and every candidate in prefix_key mode this is exactly the 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -44,6 +43,7 @@ from continuum_ingress.kv.block_reads import BlockReads
 from continuum_ingress.kv.chunks import answered_chain
 from continuum_ingress.kv.groups import GroupRuntime, RequestKeys, build_groups
 from continuum_ingress.kv.remote_tokens import RemoteTokens
+from continuum_ingress.kv.rests import RestQueue
 from continuum_ingress.kv.scorer import KvOverlapScorer
 from continuum_ingress.kv.tokenize import TokenizeFailed
 from continuum_ingress.policy.kv_cost import (
@@ -74,12 +74,6 @@ EXTRAS_KEY = "kv"
 # Prompts whose unheld rest waits to be encoded after their request was forwarded; past this,
 # a rest is not encoded (counted: the next turn then encodes it).
 MAX_PENDING_RESTS = 64
-# Rests are encoded oldest first, for about this long per turn of the event loop in all, a few
-# pieces (~100 tokens each) at a time: a new 12k-token prompt takes 15-50 ms to encode, which in
-# one go (or a burst of them, one slice each per turn) would hold up every request and stream
-# the loop serves meanwhile.
-REST_SLICE_SECONDS = 0.002
-REST_SLICE_PIECES = 2
 
 
 @dataclass(slots=True)
@@ -100,16 +94,6 @@ class _Plan:
     # made while deciding how far (chain length, matches), which _held reuses
     partial: dict[str, tuple[PartialPrompt, Upstream | None]] = field(default_factory=dict)
     matched: dict[str, tuple[int, dict[str, BlockMatch]]] = field(default_factory=dict)
-
-
-def _encode_until(prompt: PartialPrompt, deadline: float) -> bool:
-    """Encode `prompt` a few pieces at a time, at least once and until `deadline` (perf_counter);
-    True once it is whole."""
-    while not prompt.done:
-        prompt.extend(REST_SLICE_PIECES)
-        if time.perf_counter() >= deadline:
-            break
-    return prompt.done
 
 
 @dataclass(slots=True)
@@ -177,8 +161,7 @@ class KvSelector:
             for g in self.groups.values()
             if g.mode == "precise" and g.encoder is None and g.config is not None and g.hasher is not None
         }
-        self._pending_rests = 0
-        self._rests: deque[_Rest] = deque()  # waiting to be encoded, oldest first
+        self._rests: RestQueue[_Rest] = RestQueue(self._finish_rest, self._rest_failed, limit=MAX_PENDING_RESTS)
         self.timeout_s = 0.1 + max(
             (g.config.tokenize_timeout_ms / 1000 for g in self.groups.values() if g.config is not None), default=0.0
         )
@@ -448,46 +431,15 @@ class KvSelector:
 
     def _finish_later(self, rest: _Rest) -> None:
         """Encode the rest of a prompt routed on its held part once its request is written
-        upstream, and record (and share) its whole chain where it went."""
-        if self._pending_rests >= MAX_PENDING_RESTS:
+        upstream (kv/rests.py), and record (and share) its whole chain where it went."""
+        if not self._rests.add(rest, rest.prompt):
             self.metrics.local_encoding.labels(rest.group.name, "rest_skipped").inc()
             self._share(rest.decision)
-            return
-        self._pending_rests += 1
-        loop = asyncio.get_running_loop()
-        # The forwarder writes the request at the end of this loop turn (a callback scheduled
-        # after this one); two hops put the encoding after that write.
-        loop.call_soon(loop.call_soon, self._queue_rest, rest)
 
-    def _queue_rest(self, rest: _Rest) -> None:
-        self._rests.append(rest)
-        if len(self._rests) == 1:
-            self._encode_rests()
-
-    def _encode_rests(self) -> None:
-        """Encode the queued rests, oldest first, for about REST_SLICE_SECONDS; what is left
-        waits for the loop's next turn, after the I/O that came in meanwhile."""
-        deadline = time.perf_counter() + REST_SLICE_SECONDS
-        while self._rests:
-            rest = self._rests[0]
-            try:
-                whole = _encode_until(rest.prompt, deadline)
-            except Exception as exc:  # TokenizationError; the request went already
-                self._rests.popleft()
-                self._pending_rests -= 1
-                log.warning("local tokenizer failed for group %s: %s", rest.group.name, type(exc).__name__)
-                self.metrics.local_encoding.labels(rest.group.name, "rest_failed").inc()
-                self._share(rest.decision)
-                continue
-            if not whole:
-                break
-            self._rests.popleft()
-            self._pending_rests -= 1
-            self._finish_rest(rest, rest.prompt.finish().block_hashes)
-            if time.perf_counter() >= deadline:
-                break
-        if self._rests:
-            asyncio.get_running_loop().call_soon(self._encode_rests)
+    def _rest_failed(self, rest: _Rest, exc: Exception) -> None:
+        log.warning("local tokenizer failed for group %s: %s", rest.group.name, type(exc).__name__)
+        self.metrics.local_encoding.labels(rest.group.name, "rest_failed").inc()
+        self._share(rest.decision)
 
     def _finish_rest(self, rest: _Rest, chain: list[int]) -> None:
         group, decision = rest.group, rest.decision
