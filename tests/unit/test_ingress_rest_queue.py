@@ -92,3 +92,22 @@ async def test_a_full_queue_refuses_and_a_failure_is_reported_and_dropped() -> N
     assert queue.add("third", _partial(_Prompt("third", 1, log))), "room again once they are done"
     await _turns(queue)
     assert whole == ["good", "third"]
+
+
+async def test_a_callback_that_raises_does_not_stall_the_rests_behind_it() -> None:
+    log: list[str] = []
+    whole: list[str] = []
+    errors: list[object] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, context: errors.append(context.get("exception")))
+
+    def on_whole(item: str, _chain: list[int]) -> None:
+        if item == "a":
+            raise RuntimeError("recording failed")
+        whole.append(item)
+
+    # "a" takes two turns, so "b" is queued behind it when its callback raises
+    queue: RestQueue[str] = RestQueue(on_whole, lambda *_: None, slice_seconds=0.0)
+    assert queue.add("a", _partial(_Prompt("a", 2, log)))
+    assert queue.add("b", _partial(_Prompt("b", 1, log)))
+    await _turns(queue)
+    assert whole == ["b"] and len(errors) == 1 and isinstance(errors[0], RuntimeError)

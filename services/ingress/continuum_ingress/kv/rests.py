@@ -72,7 +72,13 @@ class RestQueue(Generic[T]):
             self._encode()
 
     def _encode(self) -> None:
-        deadline = time.perf_counter() + self.slice_seconds
+        try:
+            self._encode_until(time.perf_counter() + self.slice_seconds)
+        finally:  # a callback that raised must not stall the rests behind it
+            if self._queue:
+                asyncio.get_running_loop().call_soon(self._encode)
+
+    def _encode_until(self, deadline: float) -> None:
         while self._queue:
             item, prompt = self._queue[0]
             try:
@@ -87,8 +93,6 @@ class RestQueue(Generic[T]):
             self.on_whole(item, prompt.finish().block_hashes)
             if time.perf_counter() >= deadline:
                 break
-        if self._queue:
-            asyncio.get_running_loop().call_soon(self._encode)
 
     def _done(self) -> None:
         self._queue.popleft()
