@@ -13,8 +13,10 @@ from continuum_common.tokenization import (
     LocalTokenizer,
     TokenizationError,
     TokenizerLoadError,
+    UnlockedTokenizer,
     find_chat_template,
 )
+from continuum_common.tokenization.local import UNLOCKED_FROM
 from continuum_sim.hf_tokenizer import CHATML_TEMPLATE, TokenizerFiles, train_tokenizer
 from continuum_sim.protocol.chat_template import parse_messages, render
 
@@ -191,3 +193,21 @@ def test_encode_and_decode_failures_are_tokenization_errors(tok: LocalTokenizer)
     with pytest.raises(TokenizationError, match="decode"):
         tok.decode([-5])
     assert issubclass(ChatTemplateError, TokenizationError) and issubclass(TokenizerLoadError, TokenizationError)
+
+
+def test_the_unlocked_tokenizer_gives_the_same_ids_and_text(files: TokenizerFiles, tok: LocalTokenizer) -> None:
+    unlocked = UnlockedTokenizer(files.tokenizer, chat_template=files.chat_template)
+    short = "Café 😀 costs 12.50 — really?"
+    long = "<|im_start|>user\n" + " ".join(f"{short} {i}" for i in range(200)) + "<|im_end|>\n"
+    assert len(short) < UNLOCKED_FROM <= len(long)
+    for text in (short, long):
+        for special in (False, True):
+            assert unlocked.encode(text, add_special_tokens=special) == tok.encode(text, add_special_tokens=special)
+    ids = tok.encode(long, add_special_tokens=False)
+    assert len(ids) >= UNLOCKED_FROM
+    for skip in (False, True):
+        assert unlocked.decode(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip)
+    with pytest.raises(TokenizationError, match="decode"):
+        unlocked.decode([*ids, -5])  # the batch form's failure too
+    with pytest.raises(TokenizationError, match="encode"):
+        unlocked.encode(long.encode(), add_special_tokens=False)  # type: ignore[arg-type]

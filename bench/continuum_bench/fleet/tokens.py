@@ -29,38 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from continuum_common.tokenization import LocalTokenizer, TokenizationError
+from continuum_common.tokenization import UnlockedTokenizer
 from continuum_sim.protocol.chat_template import ChatMessage
 from continuum_sim.protocol.codec import BuiltinCodec, HfCodec, PromptCodec
 from continuum_sim.protocol.tokenizer import Tokenizer
 
 TOKENIZER_CHOICES = ("builtin", "hf")
-# From this many characters (or ids) on, calls go through the lock-releasing batch forms; below,
-# the call is shorter than the interpreter's switch interval anyway.
-UNLOCKED_FROM = 2_000
-
-
-class UnlockedTokenizer(LocalTokenizer):
-    """A LocalTokenizer whose long encodes and decodes release the interpreter lock (the same
-    ids and text: the batch forms run the same pipeline)."""
-
-    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        if len(text) < UNLOCKED_FROM:
-            return super().encode(text, add_special_tokens=add_special_tokens)
-        try:
-            ids: list[int] = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
-        except Exception as exc:  # as LocalTokenizer.encode
-            raise TokenizationError(f"the tokenizer failed to encode: {type(exc).__name__}") from None
-        return ids
-
-    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
-        if len(ids) < UNLOCKED_FROM:
-            return super().decode(ids, skip_special_tokens=skip_special_tokens)
-        try:
-            texts: list[str] = self.backend.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)
-        except Exception as exc:
-            raise TokenizationError(f"the tokenizer failed to decode: {type(exc).__name__}") from None
-        return texts[0]
 
 
 class TokenCodec(Protocol):

@@ -19,8 +19,9 @@ import zmq
 import zmq.asyncio
 
 from continuum_common.asgi_server import EmbeddedServer
-from continuum_common.tokenization import LocalTokenizer, TokenizationError, find_chat_template
+from continuum_common.tokenization import TokenizationError, UnlockedTokenizer, find_chat_template
 from continuum_sim.adapters.http_api import build_app
+from continuum_sim.adapters.prompt_tokens import PromptTokens
 from continuum_sim.adapters.zmq_publisher import ZmqEventPublisher
 from continuum_sim.config import EngineConfig
 from continuum_sim.engine import SimEngine
@@ -78,11 +79,14 @@ class SimEngineServer:
         self.config = config
         self.publisher: ZmqEventPublisher | None = None
         self.engine = SimEngine(config, codec)
+        self.prompts = PromptTokens(codec, config.name)
         if config.kv_events.enabled:
             self.publisher = ZmqEventPublisher(config.kv_events, self.engine.metrics, zmq_context)
             self.engine.events = self.publisher
         # Keep-alive longer than uvicorn's 5 s default: benchmark clients hold pooled connections.
-        self.http = EmbeddedServer(build_app(self.engine), config.host, config.port, timeout_keep_alive=30)
+        self.http = EmbeddedServer(
+            build_app(self.engine, self.prompts), config.host, config.port, timeout_keep_alive=30
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -129,6 +133,7 @@ class SimEngineServer:
                 await task
         self._tasks = []
         await self.http.stop()  # closes the socket bound in __init__ even if start() never ran
+        self.prompts.close()
         if self.publisher is not None:
             await self.publisher.close()
 
@@ -161,7 +166,7 @@ def load_codecs(configs: Sequence[EngineConfig]) -> list[PromptCodec]:
                 shared[key] = BuiltinCodec(Tokenizer())
             else:
                 try:
-                    shared[key] = HfCodec(LocalTokenizer(config.tokenizer, chat_template=key[1]))
+                    shared[key] = HfCodec(UnlockedTokenizer(config.tokenizer, chat_template=key[1]))
                 except TokenizationError as exc:
                     raise SimConfigError(f"{config.name}: {exc}") from None
         out.append(shared[key])

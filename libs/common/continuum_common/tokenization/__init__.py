@@ -2,6 +2,8 @@
 
 * `LocalTokenizer` — a Hugging Face tokenizer.json plus a Jinja2 chat template, used the way
   vLLM uses them (`render_chat`, `encode`, `decode`).
+* `UnlockedTokenizer` — the same, releasing the interpreter lock on long texts (for a worker
+  thread beside an event loop).
 * `PromptEncoder` — a prompt text → `EncodedPrompt(token_count, block_hashes)`, the engine's
   block hashes (continuum_common.hashing.blocks), tokenizing and hashing only the pieces of
   text it has not seen before; `begin(text)` encodes lazily (`PartialPrompt`: `extend`, `finish`).
@@ -13,7 +15,7 @@
 
 from continuum_common.tokenization.encoder import EncodedPrompt, EncoderStats, PartialPrompt, PromptEncoder
 from continuum_common.tokenization.errors import ChatTemplateError, TokenizationError, TokenizerLoadError
-from continuum_common.tokenization.local import LocalTokenizer, find_chat_template
+from continuum_common.tokenization.local import LocalTokenizer, UnlockedTokenizer, find_chat_template
 from continuum_common.tokenization.support import PiecewiseSupport
 
 __all__ = [
@@ -26,5 +28,6 @@ __all__ = [
     "PromptEncoder",
     "TokenizationError",
     "TokenizerLoadError",
+    "UnlockedTokenizer",
     "find_chat_template",
 ]

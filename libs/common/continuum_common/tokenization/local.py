@@ -135,6 +135,37 @@ class LocalTokenizer:
         return data
 
 
+# From this many characters (or ids) on, `UnlockedTokenizer` takes the batch forms; below, a
+# call is shorter than the interpreter's switch interval anyway.
+UNLOCKED_FROM = 2_000
+
+
+class UnlockedTokenizer(LocalTokenizer):
+    """A LocalTokenizer for use on a worker thread: `tokenizers` keeps the interpreter lock
+    through `encode` and `decode` but releases it in `encode_batch` and `decode_batch`, so long
+    texts go through those (the same ids and text: the batch forms run the same pipeline) and
+    the event loop's thread runs meanwhile. A 12k-token prompt holds the lock for tens of
+    milliseconds otherwise."""
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        if len(text) < UNLOCKED_FROM:
+            return super().encode(text, add_special_tokens=add_special_tokens)
+        try:
+            ids: list[int] = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except Exception as exc:  # as LocalTokenizer.encode
+            raise TokenizationError(f"the tokenizer failed to encode: {type(exc).__name__}") from None
+        return ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        if len(ids) < UNLOCKED_FROM:
+            return super().decode(ids, skip_special_tokens=skip_special_tokens)
+        try:
+            texts: list[str] = self.backend.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)
+        except Exception as exc:
+            raise TokenizationError(f"the tokenizer failed to decode: {type(exc).__name__}") from None
+        return texts[0]
+
+
 def find_chat_template(tokenizer: str | Path) -> Path | None:
     """The chat template of a Hugging Face model directory: `chat_template.jinja` beside
     tokenizer.json, else a tokenizer_config.json beside it that has `chat_template`, else None."""

@@ -24,6 +24,7 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
+from continuum_sim.adapters.prompt_tokens import PromptTokens
 from continuum_sim.engine import RequestHandle, SimEngine
 from continuum_sim.errors import (
     Conflict,
@@ -83,9 +84,12 @@ def _guard(handler: Handler, *, anthropic: bool = False) -> Handler:
 
 
 class EngineApi:
-    def __init__(self, engine: SimEngine, served_models: list[str], responses_store: ResponseStore) -> None:
+    def __init__(
+        self, engine: SimEngine, served_models: list[str], responses_store: ResponseStore, prompts: PromptTokens
+    ) -> None:
         self.engine = engine
         self.codec = engine.codec
+        self.prompts = prompts  # prompt text -> ids, off the loop with a Hugging Face tokenizer
         self.served = served_models
         self.responses_store = responses_store
         self.created = r.now()
@@ -155,7 +159,7 @@ class EngineApi:
             add_generation_prompt=body.get("add_generation_prompt", True) is not False,
             continue_final_message=body.get("continue_final_message") is True,
         )
-        prompt_ids = self.codec.encode(text, add_special_tokens=False)
+        prompt_ids = await self.prompts.encode(text, add_special_tokens=False)
         handle = self._submit(prompt_ids, params, arrived)
         if params.stream:
             return self._stream(self._chat_events(handle, params, prompt_ids), handle, arrived)
@@ -197,7 +201,10 @@ class EngineApi:
         body = await read_json(request)
         params = self._params(body)
         prompt = completion_prompt(body)
-        ids = self.codec.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else self._check_ids(prompt)
+        if isinstance(prompt, str):
+            ids = await self.prompts.encode(prompt, add_special_tokens=True)
+        else:
+            ids = self._check_ids(prompt)
         handle = self._submit(ids, params, arrived)
         if params.stream:
             return self._stream(self._completion_events(handle, params, ids), handle, arrived)
@@ -233,7 +240,7 @@ class EngineApi:
         body = await read_json(request)
         params = ra.responses_params(body, self.served)
         prompt = ra.prompt_messages(body, params, self.responses_store)
-        ids = self.codec.encode(self.codec.render_chat(prompt.messages), add_special_tokens=False)
+        ids = await self.prompts.encode(self.codec.render_chat(prompt.messages), add_special_tokens=False)
         handle = self.engine.submit(ids, max_tokens=params.max_output_tokens, cache_salt=params.cache_salt, seed=None)
         self._front(arrived)
         if params.stream:
@@ -293,7 +300,7 @@ class EngineApi:
         params = generate_params(body, self.served, anthropic=True)
         params = GenerateParams(params.model, params.max_tokens, params.stream, False, params.cache_salt, params.seed)
         text = self.codec.render_chat(anthropic_messages(body))
-        handle = self._submit(self.codec.encode(text, add_special_tokens=False), params, arrived)
+        handle = self._submit(await self.prompts.encode(text, add_special_tokens=False), params, arrived)
         if params.stream:
             return self._stream(self._anthropic_events(handle, params.model), handle, arrived)
         tokens = await self._finish(handle)
@@ -346,7 +353,7 @@ class EngineApi:
             )
         else:
             text = req.text or ""
-        ids = self.codec.encode(text, add_special_tokens=req.add_special_tokens)
+        ids = await self.prompts.encode(text, add_special_tokens=req.add_special_tokens)
         strs = self.codec.token_strings(ids) if req.return_token_strs else None
         out = {"count": len(ids), "max_model_len": self.engine.config.max_model_len, "tokens": ids, "token_strs": strs}
         return json_response(out)
@@ -365,7 +372,7 @@ class EngineApi:
         data, total = [], 0
         for index, item in enumerate(req.inputs):
             if isinstance(item, str):
-                text, count = item, len(self.codec.encode(item, add_special_tokens=True))
+                text, count = item, len(await self.prompts.encode(item, add_special_tokens=True))
             else:
                 text, count = self.codec.decode(self._check_ids(item)), len(item)
             total += count
@@ -403,9 +410,10 @@ class EngineApi:
         return Response(self.engine.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def build_app(engine: SimEngine, served_models: list[str] | None = None) -> FastAPI:
+def build_app(engine: SimEngine, prompts: PromptTokens, served_models: list[str] | None = None) -> FastAPI:
+    """`prompts`: the engine's prompt tokenizer (its owner closes it)."""
     store = ResponseStore(engine.config.responses_store)  # one per engine, as each vLLM has its own
-    api = EngineApi(engine, served_models or [engine.config.model], store)
+    api = EngineApi(engine, served_models or [engine.config.model], store, prompts)
     app = FastAPI(title=f"continuum-sim {engine.config.name}", docs_url=None, redoc_url=None, openapi_url=None)
     post = {
         "/v1/chat/completions": _guard(api.chat),

@@ -15,10 +15,11 @@ anything else (checked at load; otherwise every prompt is tokenized whole).
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from continuum_common.tokenization import LocalTokenizer, TokenizationError
+from continuum_common.tokenization import LocalTokenizer, TokenizationError, UnlockedTokenizer
 from continuum_common.tokenization.cache import ByteLRU
 from continuum_common.tokenization.pieces import SPECIAL, START, TextSplitter
 from continuum_common.tokenization.support import added_tokens_problem, special_affixes
@@ -38,6 +39,10 @@ class _SpanMismatch(Exception):
 class PromptCodec(Protocol):
     vocab_size: int
     generator: TextGenerator
+    # True when `encode` is safe to call from a worker thread and releases the interpreter lock
+    # for long texts: the HTTP API then tokenizes prompts off its event loop, as vLLM does
+    # (adapters/prompt_tokens.py).
+    off_loop: bool
 
     def render_chat(
         self,
@@ -61,7 +66,10 @@ class PromptCodec(Protocol):
 
 
 class BuiltinCodec:
-    """The built-in tokenizer: it has no BOS/EOS to add, so `add_special_tokens` changes nothing."""
+    """The built-in tokenizer: it has no BOS/EOS to add, so `add_special_tokens` changes nothing.
+    Pure Python: it keeps the interpreter lock, so a worker thread would gain nothing."""
+
+    off_loop = False
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -96,8 +104,14 @@ class BuiltinCodec:
 
 
 class HfCodec:
+    """`off_loop` when its tokenizer releases the interpreter lock on long texts
+    (`UnlockedTokenizer`). `encode` may run on several threads at once (engines in one process
+    share a codec, each with its own tokenizing thread): the span cache is behind a lock."""
+
     def __init__(self, tokenizer: LocalTokenizer, *, span_cache_bytes: int = 64 << 20) -> None:
         self.tokenizer = tokenizer
+        self.off_loop = isinstance(tokenizer, UnlockedTokenizer)
+        self._lock = threading.Lock()
         self.vocab_size = tokenizer.vocab_size
         self.generator = TextGenerator.from_encoder(lambda text: tokenizer.encode(text, add_special_tokens=False))
         self._spans: ByteLRU[tuple[object, str], list[int]] = ByteLRU(span_cache_bytes)
@@ -148,10 +162,12 @@ class HfCodec:
                 ids.append(added[span])
                 continue
             key = (context, span)
-            cached = self._spans.get(key)
+            with self._lock:
+                cached = self._spans.get(key)
             if cached is None:
                 cached = self._encode_span(context, span)
-                self._spans.put(key, cached, sys.getsizeof(span) + 8 * len(cached) + 100)
+                with self._lock:
+                    self._spans.put(key, cached, sys.getsizeof(span) + 8 * len(cached) + 100)
             ids += cached
         return ids
 
@@ -175,4 +191,5 @@ class HfCodec:
         return 0 <= token < self.vocab_size
 
     def clear_caches(self) -> None:
-        self._spans.clear()
+        with self._lock:
+            self._spans.clear()
