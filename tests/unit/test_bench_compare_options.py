@@ -70,7 +70,7 @@ def test_compare_lists_every_registered_router(capsys: pytest.CaptureFixture[str
     listed = capsys.readouterr().out.split()
     for name in ("continuum-prefix-hash-kv", "continuum-kv-approx", "continuum-kv-precise", "continuum-kv-precise-redis",
                  "continuum-kv-precise-x3", "continuum-kv-approx-x3", "continuum-kv-approx-bare",
-                 "direct-round-robin"):  # fmt: skip
+                 "continuum-kv-precise-bare", "direct-round-robin"):  # fmt: skip
         assert name in listed and name in ROUTERS
 
 

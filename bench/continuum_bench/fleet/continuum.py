@@ -10,6 +10,7 @@
 | `continuum-kv-precise` | the same with one precise match group for the fleet: the engines' vLLM block hashes recomputed from the prompt's token ids (a local tokenizer with `--tokenizer hf`, else the engines' `/tokenize`) |
 | `continuum-kv-precise-redis` | `continuum-kv-precise` with `backend: redis`, a `redis-server` and a `continuum-indexer` |
 | `continuum-kv-approx-bare` | `continuum-kv-approx` without the features a single replica can do without: no answers read (`learn_answers: false`), no decisions or load shared over NATS (`share_decisions: false`, `load_sharing.enabled: false`); for measuring what they cost |
+| `continuum-kv-precise-bare` | `continuum-kv-precise` without the same features (answers are read in approximate mode only, so here it means no decisions or load shared over NATS); for measuring what they cost |
 | `continuum-kv-precise-x3`, `continuum-kv-approx-x3` | three `continuum-router serve` replicas sharing one NATS; the benchmark spreads requests over them |
 """
 
@@ -256,6 +257,17 @@ STACKS = (
     ),
     ("continuum-kv-precise", KvStack("continuum-kv-precise", "memory", "precise", "blocks")),
     ("continuum-kv-precise-redis", KvStack("continuum-kv-precise-redis", "redis", "precise", "blocks")),
+    (
+        "continuum-kv-precise-bare",
+        KvStack(
+            "continuum-kv-precise-bare",
+            "memory",
+            "precise",
+            "blocks",
+            load_sharing=False,
+            index=(("learn_answers", False), ("share_decisions", False)),
+        ),
+    ),
     ("continuum-kv-precise-x3", KvStack("continuum-kv-precise-x3", "memory", "precise", "blocks", replicas=3)),
     ("continuum-kv-approx-x3", KvStack("continuum-kv-approx-x3", "memory", "approximate", "blocks", replicas=3)),
 )
