@@ -82,6 +82,7 @@ from continuum_bench.fleet.harness import (
     router_urls,
     wait_until,
 )
+from continuum_bench.fleet.pinning import CpuSplit, kept_pinned, parse_cpus, split_cpus
 from continuum_bench.fleet.report import REQUEST_LOG_HELP, markdown_row
 from continuum_bench.fleet.responses_form import API_FORMS
 from continuum_bench.fleet.runner import (
@@ -117,12 +118,15 @@ async def compare(
     *,
     count_engine_calls: bool = False,
     failures: list[dict[str, str]] | None = None,
+    router_cpus: frozenset[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every workload through every router on one fleet. With `failures`, a run that
-    fails is recorded there and the comparison goes on; without, the error propagates."""
+    fails is recorded there and the comparison goes on; without, the error propagates. With
+    `router_cpus`, the router's processes run on those CPUs and the engines on the others."""
     if base.tokenizer == "hf" and base.hf_tokenizer is None:
         raise ValueError("--tokenizer hf: train the tokenizer first (continuum_bench.fleet.tokens.train_hf_tokenizer)")
     reports: list[dict[str, Any]] = []
+    split = None if router_cpus is None else split_cpus(router_cpus, os.sched_getaffinity(0))
     await asyncio.to_thread(work_dir.mkdir, parents=True, exist_ok=True)
     async with SimFleet(configs=engine_configs(base), process=fleet_process(base)) as fleet:
         info = work_dir / "fleet.json"
@@ -134,7 +138,7 @@ async def compare(
                 for name in routers:
                     try:
                         await _fresh(fleet)
-                        reports.append(await _one_run(ctx, name, workload, info, tap, fleet.pids))
+                        reports.append(await _one_run(ctx, name, workload, info, tap, fleet.pids, split))
                     except (RuntimeError, OSError, ValueError, TimeoutError) as exc:
                         if failures is None:
                             raise
@@ -162,12 +166,18 @@ async def _tapped(fleet: SimFleet, enabled: bool) -> AsyncIterator[EngineTap | N
 
 
 async def _one_run(
-    ctx: FleetContext, name: str, workload: str, info: Path, tap: EngineTap | None, engine_pids: Sequence[int]
+    ctx: FleetContext,
+    name: str,
+    workload: str,
+    info: Path,
+    tap: EngineTap | None,
+    engine_pids: Sequence[int],
+    split: CpuSplit | None = None,
 ) -> dict[str, Any]:
     base = ctx.options
     print(f"== {workload} via {name}", file=sys.stderr, flush=True)
     ctx.run = workload
-    async with ROUTERS[name](ctx) as yielded:
+    async with ROUTERS[name](ctx) as yielded, kept_pinned(os.getpid(), engine_pids, split):
         if base.restart_router_at is not None and not any(u in ctx.fronts for u in router_urls(yielded)):
             raise RuntimeError(f"{name} cannot be restarted mid-run: its factory does not start it with front()")
         opts = replace(
@@ -187,6 +197,8 @@ async def _one_run(
                 "engines": used.engines_s,
                 "router_by_name": used.router_by_name,
             }
+        if split is not None:
+            report["cpus"] = {"router": sorted(split.router), "engines_and_client": sorted(split.rest)}
         if tap is not None:
             report["engine_calls"] = {
                 "routed_requests": len(results), "by_route": tap.totals(), "by_engine": tap.counts(),
@@ -355,6 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--request-log", action="store_true", help=REQUEST_LOG_HELP)
     p.add_argument(
+        "--router-cpus", metavar="CPUS",
+        help="run the router's processes on these CPUs only (e.g. 1, or 2-3) and the engines and the load generator "
+        "on the others, as when the router has hosts of its own (Linux; default: all share every CPU)",
+    )  # fmt: skip
+    p.add_argument(
         "--count-engine-calls", action="store_true",
         help="count every HTTP call the router makes to the engines (a loopback tap in front of each engine)",
     )  # fmt: skip
@@ -431,6 +448,11 @@ def _check(args: argparse.Namespace, routers: Sequence[str], workloads: Sequence
         return "--trace-start must be >= 0"
     if args.trace and not Path(args.trace).is_file():
         return f"--trace {args.trace}: no such file"
+    if args.router_cpus is not None:
+        try:
+            split_cpus(parse_cpus(args.router_cpus), os.sched_getaffinity(0))
+        except ValueError as exc:
+            return str(exc)
     return None
 
 
@@ -454,9 +476,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if base.tokenizer == "hf":
             base = replace(base, hf_tokenizer=train_hf_tokenizer(work_dir / "tokenizer"))
-        reports = asyncio.run(
-            compare(routers, workloads, base, work_dir, count_engine_calls=args.count_engine_calls, failures=failures)
-        )
+        cpus = None if args.router_cpus is None else parse_cpus(args.router_cpus)
+        run = compare(
+            routers, workloads, base, work_dir, count_engine_calls=args.count_engine_calls, failures=failures,
+            router_cpus=cpus,
+        )  # fmt: skip
+        reports = asyncio.run(run)
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -464,6 +489,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"router logs in {work_dir}")
     ok = all(r["results"]["ok"] == r["results"]["requests"] for r in reports)
     return 0 if ok and not failures else 1
+
+
+def _cpu_list(cpus: Sequence[int]) -> str:
+    return ",".join(str(c) for c in cpus)
 
 
 def write_summary(
@@ -477,7 +506,13 @@ def write_summary(
             + added
         )
     cpu = cpu_table(reports)
-    if cpu:
+    pinned = next((r["cpus"] for r in reports if "cpus" in r), None)
+    if cpu and pinned:
+        text += (
+            f"\nCPU time during each run (the router's processes on CPU(s) {_cpu_list(pinned['router'])}, "
+            f"the engines and the load generator on {_cpu_list(pinned['engines_and_client'])}):\n\n" + cpu
+        )
+    elif cpu:
         text += (
             "\nCPU time during each run (the router's processes and the engines share the machine's cores):\n\n" + cpu
         )

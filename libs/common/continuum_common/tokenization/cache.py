@@ -20,11 +20,15 @@ V = TypeVar("V")
 
 
 class ByteLRU(Generic[K, V]):
-    __slots__ = ("_data", "bytes", "evictions", "max_bytes")
+    # Values and their sizes are kept apart, not as (value, size) pairs: a pair around a tuple
+    # value would be a nested tuple, which the cyclic collector untracks only one level per
+    # collection (see encoder.py).
+    __slots__ = ("_data", "_sizes", "bytes", "evictions", "max_bytes")
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(0, max_bytes)
-        self._data: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._sizes: dict[K, int] = {}
         self.bytes = 0
         self.evictions = 0
 
@@ -32,28 +36,29 @@ class ByteLRU(Generic[K, V]):
         return len(self._data)
 
     def get(self, key: K) -> V | None:
-        item = self._data.get(key)
-        if item is None:
+        value = self._data.get(key)
+        if value is None:
             return None
         self._data.move_to_end(key)
-        return item[0]
+        return value
 
     def put(self, key: K, value: V, size: int) -> None:
         """Insert (or replace) `key`; an entry larger than the whole budget is not kept."""
-        old = self._data.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1]
+        if self._data.pop(key, None) is not None:
+            self.bytes -= self._sizes.pop(key)
         if size > self.max_bytes:
             return
-        self._data[key] = (value, size)
+        self._data[key] = value
+        self._sizes[key] = size
         self.bytes += size
         while self.bytes > self.max_bytes:
-            _, (_, dropped) = self._data.popitem(last=False)
-            self.bytes -= dropped
+            dropped, _ = self._data.popitem(last=False)
+            self.bytes -= self._sizes.pop(dropped)
             self.evictions += 1
 
     def clear(self) -> None:
         self._data.clear()
+        self._sizes.clear()
         self.bytes = 0
 
 

@@ -30,8 +30,10 @@ import itertools
 import logging
 import sys
 import time
+from array import array
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Final, TypeGuard
 
 from continuum_common.hashing.blocks import BlockHasher, BlockHashError
 from continuum_common.tokenization.cache import ByteLRU
@@ -74,18 +76,38 @@ class EncoderStats:
         return self.chunks.tokenizer_calls
 
 
-class _Node:
-    __slots__ = ("blocks", "count", "id", "last", "tail", "wire")
+# A chain node is a flat tuple of ints and bytes rather than an object holding lists: CPython's
+# cyclic collector stops tracking a tuple whose items it does not track, at the first collection
+# the tuple survives. The tens of thousands of cached nodes then cost the collector nothing,
+# where node objects holding lists were walked, with every id in those lists, by each collection
+# of an older generation (40–100 ms pauses of the ingress's event loop once the cache had
+# filled). Ids and hashes are packed as u64 bytes, not tuples: a collection untracks only one
+# level of nested tuples, so nested ones would linger into the older generations. Cache keys
+# are flat tuples for the same reason.
+_Node = tuple[int, int, int, bytes | None, bytes, bytes]
+_ID: Final = 0
+_COUNT: Final = 1  # tokens up to here
+_BLOCKS: Final = 2  # full blocks up to here
+_LAST: Final = 3  # digest of the last full block (None: none yet)
+_TAIL: Final = 4  # tokens of the unfinished block, packed u64
+_WIRE: Final = 5  # wire hashes of the blocks completed in this node's piece, packed u64
+_EMPTY: _Node = (0, 0, 0, None, b"", b"")
+_U64: Final = "Q"
 
-    def __init__(
-        self, node_id: int, count: int, blocks: int, *, last: bytes | None, tail: list[int], wire: list[int]
-    ) -> None:
-        self.id = node_id
-        self.count = count  # tokens up to here
-        self.blocks = blocks  # full blocks up to here
-        self.last = last  # digest of the last full block (None: none yet)
-        self.tail = tail  # tokens of the unfinished block
-        self.wire = wire  # wire hashes of the blocks completed in this node's piece
+_Whole = tuple[int, bytes]  # a whole text's token count and block hashes (packed u64)
+
+
+def _piece_key(parent: _Node, piece: Piece | tuple[str] | None) -> Hashable:
+    assert piece is not None, "a piece without a key of its own"
+    return (parent[_ID], *piece)
+
+
+def _is_node(value: object) -> TypeGuard[_Node]:
+    return type(value) is tuple and len(value) == 6
+
+
+def _is_whole(value: object) -> TypeGuard[_Whole]:
+    return type(value) is tuple and len(value) == 2
 
 
 class PromptEncoder:
@@ -168,11 +190,10 @@ class PromptEncoder:
     def _root(self, add_special: bool, salt: str | None, lora: str | None) -> _Node:
         key = ("\x00root", add_special, salt, lora)
         root = self._nodes.get(key)
-        if isinstance(root, _Node):
+        if _is_node(root):
             return root
-        empty = _Node(0, 0, 0, last=None, tail=[], wire=[])
         prefix = list(self.support.prefix_ids) if add_special else []
-        return self._extend(empty, [None], [key], [prefix], salt=salt, lora=lora, hashes=[])
+        return self._extend(_EMPTY, [None], [key], [prefix], salt=salt, lora=lora, hashes=[])
 
     def _extend(
         self,
@@ -186,32 +207,36 @@ class PromptEncoder:
         hashes: list[int],
     ) -> _Node:
         """Chain nodes for consecutive pieces under `parent`, hashed in one pass (appends their
-        wire hashes to `hashes`); a None key means the usual (parent id, piece) key."""
-        tokens = parent.tail + list(itertools.chain.from_iterable(id_lists))
+        wire hashes to `hashes`); a None key means the usual flat (parent id, *piece) key."""
+        tokens = array(_U64, parent[_TAIL]).tolist()
+        tokens += itertools.chain.from_iterable(id_lists)
         started = time.perf_counter()
         digests = self.hasher.chain(
-            tokens, parent=parent.last, start_block=parent.blocks, cache_salt=salt, lora_name=lora
+            tokens, parent=parent[_LAST], start_block=parent[_BLOCKS], cache_salt=salt, lora_name=lora
         )
         wires = [self.hasher.wire(d) for d in digests]
         self.stats.hash_seconds += time.perf_counter() - started
         self.stats.hashed_blocks += len(digests)
         size, node = self.hasher.block_size, parent
-        end, done = len(parent.tail), 0  # tokens consumed, blocks handed out so far
+        end, done = len(parent[_TAIL]) // 8, 0  # tokens consumed, blocks handed out so far
         for piece, key, ids in zip(pieces, keys, id_lists, strict=True):
             end += len(ids)
             full = end // size
-            child = _Node(
+            wire = wires[done:full]
+            tail = array(_U64, tokens[full * size : end]).tobytes()
+            last = digests[full - 1] if full else parent[_LAST]
+            child: _Node = (
                 next(self._ids),
-                node.count + len(ids),
-                parent.blocks + full,
-                last=digests[full - 1] if full else parent.last,
-                tail=tokens[full * size : end],
-                wire=wires[done:full],
+                node[_COUNT] + len(ids),
+                parent[_BLOCKS] + full,
+                last,
+                tail,
+                array(_U64, wire).tobytes(),
             )
-            hashes += child.wire
+            hashes += wire
             text_bytes = sys.getsizeof(piece[-1]) if piece else 0
-            cost = _NODE_OVERHEAD + text_bytes + 40 * len(child.wire) + 8 * len(child.tail)
-            self._nodes.put(key if key is not None else (node.id, piece), child, cost)
+            cost = _NODE_OVERHEAD + text_bytes + 40 * len(wire) + len(tail)
+            self._nodes.put(key if key is not None else _piece_key(node, piece), child, cost)
             node, done = child, full
         return node
 
@@ -221,9 +246,9 @@ class PromptEncoder:
         self.stats.whole_text += 1
         key = ("\x00whole", add_special, salt, lora, text)
         cached = self._nodes.get(key)
-        if isinstance(cached, EncodedPrompt):
+        if _is_whole(cached):
             self.stats.whole_text_hits += 1
-            return EncodedPrompt(cached.token_count, list(cached.block_hashes))  # callers may keep it
+            return EncodedPrompt(cached[0], array(_U64, cached[1]).tolist())
         chunk_stats = self.stats.chunks
         started = time.perf_counter()
         ids = self.tokenizer.encode(text, add_special_tokens=add_special)
@@ -235,7 +260,7 @@ class PromptEncoder:
         self.stats.hash_seconds += time.perf_counter() - started
         self.stats.hashed_blocks += len(digests)
         result = EncodedPrompt(len(ids), [self.hasher.wire(d) for d in digests])
-        stored = EncodedPrompt(result.token_count, list(result.block_hashes))
+        stored: _Whole = (result.token_count, array(_U64, result.block_hashes).tobytes())
         self._nodes.put(key, stored, _NODE_OVERHEAD + sys.getsizeof(text) + 8 * len(digests))
         return result
 
@@ -279,7 +304,7 @@ class PartialPrompt:
         self.block_hashes: list[int] = []
         self.token_count = 0
         self.chars_done = 0
-        self._node = root if root is not None else _Node(0, 0, 0, last=None, tail=[], wire=[])
+        self._node = root if root is not None else _EMPTY
         self._done_pieces = 0
         if result is not None:
             self._finished(result)
@@ -303,17 +328,19 @@ class PartialPrompt:
     def _walk_known(self) -> None:
         nodes = self._encoder._nodes
         node, known = self._node, 0
+        wires: list[bytes] = []
         for piece in self._pieces:
-            child = nodes.get((node.id, piece))
-            if not isinstance(child, _Node):
+            child = nodes.get((node[_ID], *piece))
+            if not _is_node(child):
                 break
-            self.block_hashes += child.wire
+            wires.append(child[_WIRE])
             self.chars_done += len(piece[1])
             node = child
             known += 1
+        self.block_hashes += array(_U64, b"".join(wires)).tolist()
         self._encoder.stats.node_hits += known
         self._node, self._done_pieces = node, known
-        self.token_count = node.count
+        self.token_count = node[_COUNT]
         if known == len(self._pieces):
             self._finish_suffix()
 
@@ -336,7 +363,7 @@ class PartialPrompt:
             self._whole()
             return
         self.chars_done += sum(len(piece[1]) for piece in missing)
-        self.token_count = self._node.count
+        self.token_count = self._node[_COUNT]
         self._done_pieces += len(missing)
         if self._done_pieces == len(self._pieces):
             self._finish_suffix()
@@ -353,15 +380,15 @@ class PartialPrompt:
         suffix = encoder.support.suffix_ids
         hashes = self.block_hashes
         if add_special and suffix:
-            cached = encoder._nodes.get((node.id, _SUFFIX))
-            if isinstance(cached, _Node):
+            cached = encoder._nodes.get((node[_ID], *_SUFFIX))
+            if _is_node(cached):
                 node = cached
-                hashes += node.wire
+                hashes += array(_U64, node[_WIRE]).tolist()
             else:
                 with _hash_errors():
                     node = encoder._extend(node, [_SUFFIX], [None], [list(suffix)], salt=salt, lora=lora, hashes=hashes)
         self._node = node
-        self._finished(EncodedPrompt(node.count, hashes))
+        self._finished(EncodedPrompt(node[_COUNT], hashes))
 
     def _whole(self) -> None:
         add_special, salt, lora = self._options
