@@ -4,8 +4,10 @@ holdings and up to 40 backends (bits beyond one machine word)."""
 
 from __future__ import annotations
 
+import gc
 import random
 import struct
+from collections import OrderedDict
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -154,6 +156,33 @@ async def test_tombstones_are_bounded_under_heavy_churn() -> None:
         index.apply_nowait([KvBatch("a", 1, seq, 0.0, [BlocksRemoved(removed)])])
     backend = index._backends["a"]  # the bound is internal; this is the one place that looks
     assert sum(len(t.tombs) + len(t.old_tombs) for t in backend.tiers) <= 4 * 100 + 100
+
+
+def test_reserved_registers_stay_out_of_the_collectors_view_across_epochs_and_expiry() -> None:
+    """Registers made before the process freezes its start-up heap are the ones the backends
+    fill, and a new epoch or an expiry empties them in place: no dictionary of present blocks
+    is made after the freeze, so no full collection walks their entries."""
+    clock = Clock()
+    index = InMemoryBlockIndex(max_blocks=5_000, ttl_seconds=10, clock=clock)
+    index.reserve(2)
+    h = universe(3_000)
+
+    def big_dicts() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, OrderedDict) and len(o) >= 1_000)
+
+    gc.freeze()
+    try:
+        index.apply_nowait([batch("a", 1, BlocksStored(h)), batch("b", 1, BlocksStored(h))])
+        index.apply_nowait([batch("a", 1, BlocksStored(h[:2_000]), epoch=2)])  # a restarted engine
+        clock.now += 11  # both expire; a third backend comes
+        index.apply_nowait([batch("c", 1, BlocksStored(h))])
+        assert index.match_nowait(h, ["a", "b", "c"])["c"].gpu_blocks == 3_000
+        assert big_dicts() == 0
+        index.apply_nowait([batch("d", 1, BlocksStored(h)), batch("e", 1, BlocksStored(h))])
+        assert big_dicts() == 1  # d took b's registers, e made its own: only e's are walked
+    finally:
+        gc.unfreeze()
 
 
 async def test_match_many_is_match_nowait_per_query() -> None:

@@ -47,6 +47,8 @@ class EmbeddedKvIndex:
         self.nc = nc
         self.index = InMemoryKvIndex.from_config(section)
         self.blocks = InMemoryBlockIndex.from_config(section)
+        # Before the ingress freezes its start-up heap: see InMemoryBlockIndex.reserve.
+        self.blocks.reserve(len(config.backends))
         self.settings = IndexerSettings(
             config=config,
             consumer=ConsumerSettings(durable=None, replay_seconds=float(section.entry_ttl_seconds), acks=False),

@@ -52,6 +52,11 @@ class _Tier:
         self.tombs: dict[int, int] = {}
         self.old_tombs: dict[int, int] = {}
 
+    def clear(self) -> None:
+        self.present.clear()
+        self.tombs = {}
+        self.old_tombs = {}
+
     def tomb(self, block: int) -> int:
         a = self.tombs.get(block, -1)
         b = self.old_tombs.get(block, -1)
@@ -61,7 +66,7 @@ class _Tier:
 class _Backend:
     __slots__ = ("bit", "epoch", "generation", "last_batch", "rotated_at", "tiers", "tmax", "totals", "watermark")
 
-    def __init__(self, bit: int, epoch: int, generation: int, now: float) -> None:
+    def __init__(self, bit: int, epoch: int, generation: int, now: float, tiers: tuple[_Tier, _Tier]) -> None:
         self.bit = bit
         self.epoch = epoch
         self.generation = generation
@@ -69,7 +74,7 @@ class _Backend:
         self.rotated_at = now
         self.watermark = -1  # stamp of the newest AllCleared applied in this epoch
         self.tmax = -1  # newest tombstone stamp (an upper bound)
-        self.tiers = (_Tier(), _Tier())
+        self.tiers = tiers
         self.totals = BlockApplyReport()
 
 
@@ -97,6 +102,7 @@ class InMemoryBlockIndex:
         # per tier: block hash -> bitmask of the backends holding it
         self._owners: tuple[dict[int, int], dict[int, int]] = ({}, {})
         self._free_bits: list[int] = []
+        self._spare_tiers: list[tuple[_Tier, _Tier]] = []  # registers made ahead (reserve)
         self._next_bit = 0
         self._generations = itertools.count(1)
 
@@ -114,6 +120,15 @@ class InMemoryBlockIndex:
             tombstone_seconds=tombstone_seconds,
             clock=clock,
         )
+
+    def reserve(self, backends: int) -> None:
+        """Make the registers of `backends` backends now; the first backends that send events
+        take them, and a backend's registers are emptied in place (a new epoch) or kept for the
+        next one (expiry), never replaced. Why: a long-running process freezes what exists at
+        start-up out of the cyclic garbage collector's view (the ingress's `gc.freeze()`), and
+        each backend's ordered dictionary of present blocks grows to `max_blocks` entries,
+        which every full collection would otherwise walk."""
+        self._spare_tiers += [(_Tier(), _Tier()) for _ in range(max(0, backends))]
 
     # ---- read side -------------------------------------------------------------------------
 
@@ -205,7 +220,8 @@ class InMemoryBlockIndex:
             report.stale += batch.block_count
             return None
         if backend is None:
-            backend = _Backend(self._take_bit(), batch.source_epoch, next(self._generations), now)
+            tiers = self._spare_registers(now)
+            backend = _Backend(self._take_bit(), batch.source_epoch, next(self._generations), now, tiers)
             self._backends[batch.backend] = backend
             if not (batch.events and isinstance(batch.events[0], AllCleared)):
                 report.gaps.add(batch.backend)  # history missing: see BlockApplyReport.gaps
@@ -309,6 +325,7 @@ class InMemoryBlockIndex:
         backend = self._backends.pop(name)
         held = self._wipe(backend)
         self._free_bits.append(backend.bit)
+        self._spare_tiers.append(backend.tiers)
         return held
 
     def _wipe(self, backend: _Backend) -> int:
@@ -320,8 +337,16 @@ class InMemoryBlockIndex:
             for block in tier.present:
                 self._unown(owners, block, backend.bit)
             held += len(tier.present)
-        backend.tiers = (_Tier(), _Tier())
+            tier.clear()  # in place: see reserve()
         return held
+
+    def _spare_registers(self, now: float) -> tuple[_Tier, _Tier]:
+        """Registers for a backend new to the index: spare ones (reserve), else those of a
+        backend expired and not yet dropped, else new ones."""
+        if not self._spare_tiers:
+            for name in [n for n, b in self._backends.items() if now - b.last_batch >= self.ttl]:
+                self._drop(name)
+        return self._spare_tiers.pop() if self._spare_tiers else (_Tier(), _Tier())
 
     def _take_bit(self) -> int:
         if self._free_bits:
