@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from collections import OrderedDict
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -151,3 +154,28 @@ def test_extends_continues_what_the_index_confirms() -> None:
     assert memory.extends("a", chain, 2, now=1.0) == 2  # records do not continue from there
     assert memory.extends("b", chain, 3, now=1.0) == 3
     assert memory.extends("a", chain, 4, now=11.0) == 4  # expired
+
+
+def test_reserved_records_are_reused_and_stay_out_of_the_collectors_view() -> None:
+    """Records made before the process freezes its start-up heap are the ones backends fill, and
+    a wiped backend's are emptied and reused: no full collection walks their hashes."""
+    memory = RouteMemory(1e9)
+    memory.reserve(2)
+
+    def big_dicts() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, OrderedDict) and len(o) >= 1_000)
+
+    gc.freeze()
+    try:
+        chain = list(range(1, 3_001))
+        memory.record("a", chain, now=0.0)
+        memory.record("b", chain, now=0.0)
+        memory.wipe("a")  # its engine restarted
+        memory.record("c", chain, now=1.0)  # takes a's emptied records
+        assert memory.match(chain, ["a", "b", "c"], now=2.0) == {"b": 3_000, "c": 3_000}
+        assert big_dicts() == 0
+        memory.record("d", chain, now=1.0)  # beyond what was reserved: new records, walked
+        assert big_dicts() == 1
+    finally:
+        gc.unfreeze()

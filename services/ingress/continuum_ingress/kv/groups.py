@@ -119,6 +119,13 @@ class GroupRuntime:
             return
         self.encoder = PromptEncoder(self.tokenizer, self.hasher, max_cache_bytes=PROMPT_CACHE_BYTES)
 
+    def reserve(self, backends: int) -> None:
+        """Records for this many backends made now, before the ingress freezes its start-up
+        heap (RouteMemory.reserve)."""
+        self.memory.reserve(backends)
+        if self.fallback_memory is not None:
+            self.fallback_memory.reserve(backends)
+
     # ---- keys --------------------------------------------------------------------------------
 
     def measured(self, nbytes: int, tokens: int) -> None:
@@ -213,4 +220,6 @@ def build_groups(config: RouterConfig) -> tuple[dict[str, GroupRuntime], dict[st
     for backend in config.backends:
         spec = config.match_group_of(backend.name)
         of_backend[backend.name] = groups[spec.name] if spec is not None else default
+    for group in groups.values():
+        group.reserve(sum(1 for g in of_backend.values() if g is group))
     return groups, of_backend

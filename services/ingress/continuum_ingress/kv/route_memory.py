@@ -30,6 +30,15 @@ class RouteMemory:
         self.capacity = min(capacity, max_entries) if capacity is not None else max_entries
         # backend -> hash -> expiry; order = order of the last record (oldest first).
         self._backends: dict[str, OrderedDict[int, float]] = {}
+        self._spare: list[OrderedDict[int, float]] = []  # made ahead (reserve), or emptied
+
+    def reserve(self, backends: int) -> None:
+        """Make the records of `backends` backends now; backends take them as they are first
+        recorded, and a wiped backend's go back emptied, never replaced. Why: the ingress
+        freezes what exists at start-up out of the cyclic garbage collector's view, and these
+        ordered dicts hold tens of thousands of hashes each, which every collection of their
+        generation would otherwise walk."""
+        self._spare += [OrderedDict() for _ in range(max(0, backends))]
 
     @property
     def enabled(self) -> bool:
@@ -53,7 +62,7 @@ class RouteMemory:
             return
         entries = self._backends.get(backend)
         if entries is None:
-            entries = self._backends[backend] = OrderedDict()
+            entries = self._backends[backend] = self._spare.pop() if self._spare else OrderedDict()
         move = entries.move_to_end
         for h in reversed(chain):
             held = entries.get(h)
@@ -92,10 +101,14 @@ class RouteMemory:
 
     def wipe(self, backend: str) -> None:
         """Forget a backend (its engine cleared its cache or restarted)."""
-        self._backends.pop(backend, None)
+        entries = self._backends.pop(backend, None)
+        if entries is not None:
+            entries.clear()
+            self._spare.append(entries)
 
     def clear(self) -> None:
-        self._backends.clear()
+        for backend in list(self._backends):
+            self.wipe(backend)
 
     def _trim(self, entries: OrderedDict[int, float], now: float) -> None:
         while len(entries) > self.capacity:
