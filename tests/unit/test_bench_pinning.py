@@ -76,8 +76,9 @@ def test_router_processes_and_their_threads_move_the_engines_stay_apart() -> Non
         assert os.sched_getaffinity(0) == split.rest  # the load generator goes with the engines
         assert pin_tree(os.getpid(), [engine.pid], split) == 0  # nothing left to move
     finally:
-        for thread in _threads(os.getpid()):  # this process's threads were pinned with the engines
-            os.sched_setaffinity(thread, set(available))
+        # This process and everything it runs (servers other tests started) back on every CPU.
+        everything = frozenset(available)
+        pin_tree(os.getpid(), [], CpuSplit(everything, everything))
         for proc in (router, engine):
             proc.kill()
             proc.wait()
