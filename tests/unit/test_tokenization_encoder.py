@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from continuum_common.hashing.blocks import BlockHasher, make_block_hasher
-from continuum_common.tokenization import LocalTokenizer, PromptEncoder
+from continuum_common.tokenization import LocalTokenizer, PromptEncoder, TokenizationError
 from continuum_common.tokenization.cache import ByteLRU, TwoGenerationCache
 from continuum_common.tokenization.chunks import ChunkTokenizer, PieceMismatch
 from continuum_common.tokenization.pieces import CUT, SPECIAL, START, TextSplitter
@@ -306,6 +306,33 @@ class CountingTokenizer(LocalTokenizer):
         self.calls += 1
         self.chars += len(text)
         return super().encode_with_offsets(text)
+
+
+class NegativeIdsTokenizer(LocalTokenizer):
+    """Ids no engine would send (negative) for every word, consistently, so the self-check
+    still passes (added tokens keep theirs)."""
+
+    def _odd(self, ids: list[int]) -> list[int]:
+        added = set(self.added_tokens.values())
+        return [i if i in added else -1 - i for i in ids]
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return self._odd(super().encode(text, add_special_tokens=add_special_tokens))
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        ids, offsets = super().encode_with_offsets(text)
+        return self._odd(ids), offsets
+
+
+def test_ids_that_cannot_be_packed_are_a_tokenization_error(tmp_path: Path) -> None:
+    """SGLang's formula checks only the ids of full blocks; an unfinished block's ids are
+    packed into the cached node, and one that does not fit is the error callers fall back on."""
+    files = train_tokenizer(tmp_path)
+    tok = NegativeIdsTokenizer(files.tokenizer, chat_template=files.chat_template)
+    encoder = PromptEncoder(tok, make_block_hasher("sglang", 16))
+    assert encoder.piecewise
+    with pytest.raises(TokenizationError, match="token ids must be"):
+        encoder.encode("hello there", add_special_tokens=False)  # fewer ids than one block
 
 
 def test_next_turn_tokenizes_and_hashes_only_what_is_new(tmp_path: Path) -> None:

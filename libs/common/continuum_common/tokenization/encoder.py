@@ -272,6 +272,8 @@ def _hash_errors() -> Iterator[None]:
         yield
     except BlockHashError as exc:
         raise TokenizationError(f"cannot hash the prompt's blocks: {exc}") from None
+    except OverflowError:  # an id past a full block that does not fit the node's packed u64
+        raise TokenizationError("cannot hash the prompt's blocks: token ids must be in [0, 2**64)") from None
 
 
 class PartialPrompt:
