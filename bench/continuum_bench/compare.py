@@ -506,16 +506,15 @@ def write_summary(
             + added
         )
     cpu = cpu_table(reports)
-    pinned = next((r["cpus"] for r in reports if "cpus" in r), None)
-    if cpu and pinned:
-        text += (
-            f"\nCPU time during each run (the router's processes on CPU(s) {_cpu_list(pinned['router'])}, "
-            f"the engines and the load generator on {_cpu_list(pinned['engines_and_client'])}):\n\n" + cpu
+    if cpu:
+        pinned = next((r["cpus"] for r in reports if "cpus" in r), None)
+        where = (
+            f"the router's processes on CPU(s) {_cpu_list(pinned['router'])}, "
+            f"the engines and the load generator on {_cpu_list(pinned['engines_and_client'])}"
+            if pinned
+            else "the router's processes and the engines share the machine's cores"
         )
-    elif cpu:
-        text += (
-            "\nCPU time during each run (the router's processes and the engines share the machine's cores):\n\n" + cpu
-        )
+        text += f"\nCPU time during each run ({where}):\n\n" + cpu
     restarts = restart_table(reports)
     if restarts:
         text += "\nRouter restarted mid-run (client-side hits, each phase against the pooled ideal):\n\n" + restarts

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from continuum_bench.fleet.cpu import descendants
+from continuum_bench.fleet.cpu import descendants, take_snapshot
 
 REPIN_EVERY_S = 0.5
 
@@ -66,17 +66,12 @@ def split_cpus(router: frozenset[int], available: Collection[int]) -> CpuSplit:
 def pin_tree(root: int, engine_pids: Collection[int], split: CpuSplit, proc: Path = Path("/proc")) -> int:
     """Pin every thread below `root`: the engines (and what runs under them) and `root` itself
     to `split.rest`, every other process to `split.router`. Returns the threads moved."""
-    tree: dict[int, int] = {}
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (entry / "stat").read_text()
-                tree[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    _, tree = take_snapshot(root, proc)  # pid -> ppid of every process below root
     engines = set(engine_pids)
     for pid in engine_pids:
         engines |= descendants(tree, pid)
     moved = 0
-    for pid in {root, *descendants(tree, root)}:
+    for pid in {root, *tree}:
         target = split.rest if pid == root or pid in engines else split.router
         moved += _pin_threads(proc, pid, target)
     return moved
