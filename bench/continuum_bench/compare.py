@@ -85,6 +85,7 @@ from continuum_bench.fleet.harness import (
 from continuum_bench.fleet.pinning import CpuSplit, kept_pinned, parse_cpus, split_cpus
 from continuum_bench.fleet.report import REQUEST_LOG_HELP, markdown_row
 from continuum_bench.fleet.responses_form import API_FORMS
+from continuum_bench.fleet.router_timing import scrape_timing, timing_report, timing_table
 from continuum_bench.fleet.runner import (
     WORKLOADS,
     FleetBenchOptions,
@@ -187,9 +188,19 @@ async def _one_run(
         # What the router did while starting (and the readiness probe) is not per request.
         # Only process fleets let the engines' CPU be told from the router's.
         before = await cpu_snapshot(os.getpid()) if engine_pids else None
+        # a restart starts the router's metrics again: no difference to take then
+        timed = None if base.restart_router_at is not None else await scrape_timing(router_urls(yielded))
         report, results = await run_fleet_bench(
             opts, before_run=tap.reset if tap else None, on_interrupt=partial(restart_fronts, ctx)
         )
+        if timed is not None and (after := await scrape_timing(router_urls(yielded))) is not None:
+            # the ingress measures real seconds; the report's means are simulated ones
+            scale = report.get("time_scale", 1.0)
+            engine = report["results"].get("engine_ttft_s") or {}
+            ttft, first = report["results"]["ttft_s"]["mean"], engine.get("engine_first_chunk_mean")
+            report["router_timing"] = timing_report(
+                after.minus(timed), None if ttft is None else ttft * scale, None if first is None else first * scale
+            )
         if before is not None:
             used = cpu_used(before, await cpu_snapshot(os.getpid()), engine_pids)
             report["cpu_s"] = {
@@ -515,6 +526,12 @@ def write_summary(
             else "the router's processes and the engines share the machine's cores"
         )
         text += f"\nCPU time during each run ({where}):\n\n" + cpu
+    timing = timing_table(reports)
+    if timing:
+        text += (
+            "\nInside the ingress, streamed requests up to their first chunk (means; the router's own /metrics,"
+            ' docs/ingress.md "Where a request\'s time goes"):\n\n' + timing
+        )
     restarts = restart_table(reports)
     if restarts:
         text += "\nRouter restarted mid-run (client-side hits, each phase against the pooled ideal):\n\n" + restarts

@@ -194,6 +194,13 @@ async def test_draining_on_stop_health_metrics_and_errors(monkeypatch: Any) -> N
         await asyncio.sleep(0.1)
         metrics = (await client.get("/metrics")).text
         assert 'continuum_kv_event_dropped_total{backend="b",reason="msgpack"} 1.0' in metrics
+        for _ in range(40):  # the loop-lag timer ticks every 0.1 s
+            if "continuum_kv_listener_event_loop_lag_seconds_count 0.0" not in metrics:
+                break
+            await asyncio.sleep(0.05)
+            metrics = (await client.get("/metrics")).text
+        assert "continuum_kv_listener_event_loop_lag_seconds_count" in metrics
+        assert "continuum_kv_listener_event_loop_lag_seconds_count 0.0" not in metrics
         async with client.stream("GET", "/events/b") as response:
             sse = Sse(response)
             assert (await sse.next())["event"] == "cache_cleared"

@@ -5,6 +5,7 @@ what reaches the client when a backend fails, and the response-cache recorder.""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,9 +174,11 @@ class Rig:
     def counter(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
-    async def forward(self, body: dict[str, Any], lookup: CacheLookup | None = None) -> tuple[RequestState, Client]:
+    async def forward(
+        self, body: dict[str, Any], lookup: CacheLookup | None = None, *, started: float = 0.0
+    ) -> tuple[RequestState, Client]:
         raw = orjson.dumps(body)
-        state = RequestState("req-1", parse_request(Api.CHAT, raw), raw, ClientHeaders(), [], None, 0.0)
+        state = RequestState("req-1", parse_request(Api.CHAT, raw), raw, ClientHeaders(), [], None, started)
         client = Client()
         await self.forwarder.forward(state, self.snapshot, Channel(client.send), lookup or CacheLookup(CacheStatus.OFF))
         return state, client
@@ -294,6 +297,45 @@ async def test_stream_chunks_pass_through_as_they_come() -> None:
     assert b"content-length" not in client.headers
     assert client.chunks == [*events, b""]  # one client message per upstream chunk, then the end
     assert all(m["more_body"] for m in client.messages[1:-1]) and not client.messages[-1]["more_body"]
+
+
+def stage(r: Rig, name: str) -> tuple[float, float]:
+    """(count, sum) of one stream stage."""
+    labels = {"stage": name}
+    count = r.metrics.registry.get_sample_value("continuum_ingress_stream_stage_seconds_count", labels)
+    total = r.metrics.registry.get_sample_value("continuum_ingress_stream_stage_seconds_sum", labels)
+    return count or 0.0, total or 0.0
+
+
+async def test_a_stream_records_its_stages_up_to_the_first_chunk_once() -> None:
+    events = [b'data: {"n":1}\n\n', b'data: {"n":2}\n\n', b"data: [DONE]\n\n"]
+    r = rig({"a": [Reply(headers=list(SSE), body=list(events))]})
+    # sent, first chunk read, first chunk handed to the client; the request was read at 0.0
+    ticks = iter([0.002, 0.052, 0.0535])
+    r.forwarder.stage_clock = lambda: next(ticks)
+    state, client = await r.forward(STREAM)
+    assert client.chunks == [*events, b""]
+    assert stage(r, "read") == (1, 0.0)  # a state built without the endpoint's read time
+    assert stage(r, "route") == (1, pytest.approx(0.002))
+    assert stage(r, "backend") == (1, pytest.approx(0.05))
+    assert stage(r, "to_client") == (1, pytest.approx(0.0015))
+    assert (state.sent_at, state.first_chunk_at) == (0.002, 0.052)
+
+
+async def test_only_streams_that_reach_the_client_record_stages() -> None:
+    r = rig({"a": [Reply()], "b": [Reply(status=400, headers=list(SSE), body=[b"no"])]})
+    await r.forward(CHAT)  # whole answer
+    await r.forward(STREAM)  # an error answer to a stream: no first chunk timed
+    assert stage(r, "route")[0] == stage(r, "backend")[0] == stage(r, "to_client")[0] == 0
+
+
+async def test_a_retried_stream_times_its_last_attempt() -> None:
+    slow = Reply(headers=list(SSE), body=[0.5, b"data: late\n\n"])
+    r = rig({"a": [slow], "b": [Reply(headers=list(SSE), body=[b"data: x\n\n"])]}, first_byte_timeout_ms=50)
+    await r.forward(STREAM, started=time.perf_counter())
+    count, total = stage(r, "route")
+    assert count == 1 and 0.04 <= total < 5  # the first attempt's wait counts before the one that served
+    assert stage(r, "backend")[1] < 0.04
 
 
 async def test_a_stream_without_a_first_token_in_time_is_retried() -> None:

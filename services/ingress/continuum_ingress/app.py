@@ -43,6 +43,7 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 
 from continuum_common.config import RouterConfig, load_router_config
 from continuum_common.config.secrets import read_secret
+from continuum_common.loop_lag import measure_loop_lag
 from continuum_common.tracing import Tracing
 from continuum_ingress.adapters.health import HealthChecker
 from continuum_ingress.adapters.nats_link import NatsLink
@@ -291,6 +292,7 @@ class IngressApp:
                     tasks.create_task(self.holder.watch(stop, self.reload_interval))
                 tasks.create_task(self.health.run(stop))
                 tasks.create_task(self._maintenance(stop))
+                tasks.create_task(measure_loop_lag(self.metrics.loop_lag, stop))
                 self.ready = True
                 self._ready_at = time.monotonic()
                 log.info("ingress ready: %d backend(s)", len(self.holder.current.backends))

@@ -106,8 +106,9 @@ class ForwardEndpoint:
                 await channel.error(api.error_style, error, info.request_id)
                 return
             state = RequestState(
-                info.request_id, request, raw, info.client, scope["headers"], info.session_id or request.user, started
-            )
+                info.request_id, request, raw, info.client, scope["headers"], info.session_id or request.user, started,
+                read_at=self.clock(),
+            )  # fmt: skip
             if rtrace is not None:
                 state.trace = rtrace.describe(request.model, request.stream, info.request_id)
             with DisconnectWatch(receive, channel, scope.get(DISCONNECT_HOOK)) as watch:

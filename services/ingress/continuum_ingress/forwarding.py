@@ -113,6 +113,7 @@ class Forwarder:
         clock: Callable[[], float] = time.monotonic,
         *,
         affinity: ResponseAffinity | None = None,
+        stage_clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.pipeline = pipeline
         self.affinity = affinity
@@ -123,6 +124,8 @@ class Forwarder:
         # Dialects that prepare each attempt themselves (checked once here, not per request).
         self.binders = {t: d for t, d in dialects.items() if isinstance(d, AttemptDialect)}
         self.clock = clock
+        # the endpoint's clock (RequestState.started), for the stream stages
+        self.stage_clock = stage_clock
 
     async def forward(
         self, state: RequestState, snapshot: RouterSnapshot, channel: Channel, lookup: CacheLookup
@@ -193,10 +196,13 @@ class Forwarder:
         start = self.clock()
         backend.begin(start)
         backend.queue_prefill(state.prefill_tokens)  # released at the first byte (_stream) or the end
+        state.sent_at = self.stage_clock()
         try:
             response, first = await self._first_byte(
                 state, spec, backend, client=client, target=target, headers=headers, content=content
             )
+            if first is not None:
+                state.first_chunk_at = self.stage_clock()
             status = response.status
             try:
                 preread: bytes | None = None
@@ -503,12 +509,16 @@ class Forwarder:
         if state.prefill_tokens:
             backend.prefill_done(state.prefill_tokens)
             state.prefill_tokens = 0
+        timed = state.first_chunk_at > 0.0
         try:
             async for raw in first.chunks():
                 chunk = raw if translator is None else translator.chunk(raw)
                 if not chunk:
                     continue
                 await channel.body(chunk, more=True)
+                if timed:  # the first chunk the client has: the stream stages end here
+                    timed = False
+                    self._stages(state)
                 if recorder is not None:  # a copy, after the client has it: never a delay
                     recorder.feed(chunk)
             if translator is not None and (tail := translator.end()):
@@ -542,6 +552,11 @@ class Forwarder:
         self.metrics.backend(backend.name, "success")
         if recorder is not None:
             await recorder.commit(response.status, _text_headers(response.headers))
+
+    def _stages(self, state: RequestState) -> None:
+        read = state.read_at or state.started  # a state built without the endpoint: no read stage
+        sent, first = state.sent_at, state.first_chunk_at
+        self.metrics.stream_stages(read - state.started, sent - read, first - sent, self.stage_clock() - first)
 
 
 def _makes_response_ids(state: RequestState, response: UpstreamResponse, translator: ResponseTranslator | None) -> bool:

@@ -27,6 +27,10 @@ from continuum_ingress.protocol.apis import Api
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ENDPOINTS = (*(a.value for a in Api), "models", "admin")
+# A streamed request's way to its first chunk (IngressMetrics.stream_stages).
+STREAM_STAGES = ("read", "route", "backend", "to_client")
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+LOOP_LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 REJECT_REASONS = ("invalid_json", "invalid_request", "too_large", "unknown_model", "no_backend")
 BACKEND_OUTCOMES = (
     "success",
@@ -164,6 +168,26 @@ class IngressMetrics:
             registry=r,
             preset=[(e,) for e in ENDPOINTS],
         )
+        self._stages = PlainHistogram(
+            "continuum_ingress_stream_stage_seconds",
+            "A streamed request's way to its first chunk, by stage: read (from its head to its"
+            " body read and parsed), route (to the request sent to the backend that served it:"
+            " caches, routing, rewrites, failed attempts), backend (to that backend's first chunk"
+            " read), to_client (to that chunk handed to the client's connection)",
+            ["stage"],
+            STAGE_BUCKETS,
+            registry=r,
+            preset=[(s,) for s in STREAM_STAGES],
+        )
+        self._loop_lag = PlainHistogram(
+            "continuum_ingress_event_loop_lag_seconds",
+            "How much later than due the event loop ran a periodic timer: what a request arriving"
+            " then waited before the process read it",
+            [],
+            LOOP_LAG_BUCKETS,
+            registry=r,
+            preset=[()],
+        )
         rejected = Counter(
             "continuum_ingress_rejected_requests",
             "Requests refused before reaching a backend",
@@ -193,6 +217,17 @@ class IngressMetrics:
     def request(self, endpoint: str, status: int, seconds: float) -> None:
         self._requests.inc((endpoint, STATUS_CLASSES[min(max(status // 100, 2), 5) - 2]))
         self._duration.observe((endpoint,), seconds)
+
+    def stream_stages(self, read: float, route: float, backend: float, to_client: float) -> None:
+        """The stages of a streamed request up to its first chunk (seconds; STREAM_STAGES)."""
+        stages = self._stages
+        stages.observe(("read",), read)
+        stages.observe(("route",), route)
+        stages.observe(("backend",), backend)
+        stages.observe(("to_client",), to_client)
+
+    def loop_lag(self, seconds: float) -> None:
+        self._loop_lag.observe((), seconds)
 
     def rejected(self, endpoint: str, reason: str) -> None:
         self._rejected[(endpoint, reason)].inc()

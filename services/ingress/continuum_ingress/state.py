@@ -37,6 +37,11 @@ class RequestState:
     # the backend's queue from the attempt's start until its first byte).
     prefill_tokens: int = 0
     attempts: list[str] = field(default_factory=list)
+    # When the body was read and parsed, the last attempt sent to its backend, and that
+    # backend's first chunk read (the clock of `started`; 0: not yet), for the stream stages.
+    read_at: float = 0.0
+    sent_at: float = 0.0
+    first_chunk_at: float = 0.0
     # The stored response (`previous_response_id`) this request continues, when no backend is
     # known to hold it: a backend answering 404 for it is passed over (response_affinity.py).
     probe_response: str | None = None

@@ -27,6 +27,7 @@ import zmq.asyncio
 from continuum_common.asgi_server import EmbeddedServer
 from continuum_common.config.listener import ListenerSource
 from continuum_common.events import KvEvent
+from continuum_common.loop_lag import measure_loop_lag
 from continuum_common.tracing import Tracing
 from continuum_listener.adapters.detokenize import DetokenizeClient
 from continuum_listener.adapters.heartbeat import Heartbeat
@@ -222,6 +223,7 @@ class ListenerApp:
                     spawn(background, responder.run(), "resync-requests")
                 if self.heartbeat is not None:
                     spawn(background, self.heartbeat.run(), "heartbeat")
+                spawn(background, measure_loop_lag(self.metrics.loop_lag.observe, self._stop), "loop-lag")
                 http = tg.create_task(self.http.serve(), name="http")
                 # uvicorn exposes readiness only as a flag.
                 while not self.http.started and not http.done():  # noqa: ASYNC110

@@ -138,6 +138,13 @@ class ListenerMetrics:
             registry=r,
         )
         self.bus_connected = Gauge("continuum_kv_listener_bus_connected", "1 while NATS is connected.", registry=r)
+        self.loop_lag = Histogram(
+            "continuum_kv_listener_event_loop_lag_seconds",
+            "How much later than due the event loop ran a periodic timer (while the listener works"
+            " through a burst it yields every millisecond; this says how well).",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
         self.publish_latency = Histogram(
             "continuum_kv_listener_publish_seconds",
             "Time from event creation to its JetStream acknowledgement.",
