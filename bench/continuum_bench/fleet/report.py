@@ -110,8 +110,8 @@ def _engine_ttft(
     means is the router's request path plus the first chunk's way back through it (the client's
     own overhead is the same for every router). None when the engines do not report it.
 
-    Engines that report their front time (the simulator: reading the body, rendering and
-    tokenizing before its clock starts) also give `engine_front_mean` and
+    Engines that report their front time (the simulator: rendering and tokenizing, from the
+    body read to its clock's start) also give `engine_front_mean` and
     `router_added_net_mean`, the router's share with that engine work taken out; and those that
     time the first chunk handed to their HTTP server give `engine_first_chunk_mean` and
     `router_own_mean` (the client's mean minus it): the router's own path, with everything the
@@ -188,7 +188,7 @@ def markdown(report: dict[str, Any]) -> str:
         if "engine_front_mean" in eng:
             lines.append(
                 f"Before their clock started the engines spent {eng['engine_front_mean'] * 1000:.2f} ms on a request"
-                f" (body, template, tokenizing): the router's own share is {eng['router_added_net_mean'] * 1000:.2f} ms\n"
+                f" (template, tokenizing): the router's own share is {eng['router_added_net_mean'] * 1000:.2f} ms\n"
             )
         if "engine_first_chunk_mean" in eng:
             lines.append(

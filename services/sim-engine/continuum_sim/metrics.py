@@ -84,15 +84,16 @@ class EngineMetrics:
         # Before the engine's clock starts: what a router's "added" time must not be charged with.
         self.front = Histogram(
             "continuum_sim_request_front_seconds",
-            "Real seconds from a generation request's arrival to its submission to the scheduler"
-            " (reading the body, rendering the chat template, tokenizing).",
+            "Real seconds from a generation request's arrival (its body read) to its submission to"
+            " the scheduler (rendering the chat template, tokenizing).",
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         # The engine's TTFT ends when its step produced the token; this ends when the HTTP layer
         # handed the first chunk to the server, after whatever else this process was doing.
         self.first_chunk = Histogram(
             "continuum_sim_first_chunk_seconds",
-            "Real seconds from a streamed generation request's arrival to its first chunk handed to the HTTP server.",
+            "Real seconds from a streamed generation request's arrival (its body read) to its first"
+            " chunk handed to the HTTP server.",
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self._simulator_metrics(r)

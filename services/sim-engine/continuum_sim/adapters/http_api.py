@@ -150,8 +150,8 @@ class EngineApi:
     # -- OpenAI chat / completions ----------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
-        arrived = time.perf_counter()
         body = await read_json(request)
+        arrived = time.perf_counter()  # the body in hand, as vLLM stamps a request's arrival
         params = self._params(body)
         messages = chat_messages(body)
         text = self.codec.render_chat(
@@ -197,8 +197,8 @@ class EngineApi:
         yield r.SSE_DONE
 
     async def completions(self, request: Request) -> Response:
-        arrived = time.perf_counter()
         body = await read_json(request)
+        arrived = time.perf_counter()  # the body in hand, as vLLM stamps a request's arrival
         params = self._params(body)
         prompt = completion_prompt(body)
         if isinstance(prompt, str):
@@ -236,8 +236,8 @@ class EngineApi:
     # -- OpenAI Responses ---------------------------------------------------------------
 
     async def responses(self, request: Request) -> Response:
-        arrived = time.perf_counter()
         body = await read_json(request)
+        arrived = time.perf_counter()  # the body in hand, as vLLM stamps a request's arrival
         params = ra.responses_params(body, self.served)
         prompt = ra.prompt_messages(body, params, self.responses_store)
         ids = await self.prompts.encode(self.codec.render_chat(prompt.messages), add_special_tokens=False)
@@ -295,8 +295,8 @@ class EngineApi:
     # -- Anthropic messages -------------------------------------------------------------
 
     async def messages(self, request: Request) -> Response:
-        arrived = time.perf_counter()
         body = await read_json(request)
+        arrived = time.perf_counter()  # the body in hand, as vLLM stamps a request's arrival
         params = generate_params(body, self.served, anthropic=True)
         params = GenerateParams(params.model, params.max_tokens, params.stream, False, params.cache_salt, params.seed)
         text = self.codec.render_chat(anthropic_messages(body))
