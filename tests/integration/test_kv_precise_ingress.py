@@ -19,6 +19,7 @@ import pytest
 from continuum_common.hashing.blocks import make_block_hasher
 from continuum_common.procs import NatsServer
 from continuum_common.tokenization import LocalTokenizer
+from continuum_common.tokenization import encoder as encoder_module
 from continuum_common.wire.kv import AllCleared, BlocksStored, KvBatch
 from continuum_sim.hf_tokenizer import TokenizerFiles, train_tokenizer
 from continuum_testing.indexer_harness import ensure_stream, publish_batches
@@ -308,6 +309,54 @@ async def test_the_rest_is_encoded_a_slice_per_loop_turn(
         backend = r.headers["x-continuum-backend"]
         group = selector.groups["fleet"]
         assert group.memory.extends(backend, whole, 0, selector.clock()) == len(whole)
+
+
+async def test_a_long_held_part_lets_the_loop_serve_others_between_steps(
+    nats_server: NatsServer, tokenizer_files: TokenizerFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held part the encoder has not cached is encoded on the request path in steps, and the
+    event loop serves other tasks between them (here after every step) instead of holding
+    everything else up for the whole held part; the request still goes to the holder."""
+    await ensure_stream(nats_server.url)
+    async with (
+        running_stubs("a", "b") as stubs,
+        ingress(config(stubs, nats_server.url, tokenizer_files)) as (ing, c),
+    ):
+        kv = ing.app.kv
+        assert kv is not None
+        selector = kv.selector
+        monkeypatch.setattr(selector, "held_slice_seconds", 0.0)
+        head = [{"role": "system", "content": SYSTEM * 12}, {"role": "user", "content": "Here is the report."}]
+        held = engine_hashes(tokenizer_files, head)[:-1]
+        await publish_batches(nats_server.url, [KvBatch("b", 1, 1, time.time(), [BlocksStored(held, None, BLOCK, 0)])])
+        blocks = kv.embedded.blocks  # type: ignore[union-attr]
+        await eventually(lambda: blocks.match_nowait(held, ["b"])["b"].gpu_blocks == len(held))
+
+        turns = 0  # loop turns another task got while the request was routed
+
+        async def ticker() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        seen: list[int] = []  # the ticker's count at each step of the held part's encoding
+        extend = encoder_module.PartialPrompt.extend
+
+        def recorded(self: Any, pieces: int) -> None:
+            seen.append(turns)
+            extend(self, pieces)
+
+        monkeypatch.setattr(encoder_module.PartialPrompt, "extend", recorded)
+        task = asyncio.create_task(ticker())
+        try:
+            doc = [*head, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "New text. " * 300}]
+            r = await c.post("/v1/chat/completions", json=chat(doc))
+        finally:
+            task.cancel()
+        assert r.status_code == 200 and r.headers["x-continuum-backend"] == "b"
+        on_path = seen[:3]  # 1, 4 and 16 pieces reach past the held head; the rest is off the path
+        assert len(on_path) == 3 and on_path[0] < on_path[1] < on_path[2]
 
 
 async def test_on_path_encodes_the_whole_prompt_before_routing(

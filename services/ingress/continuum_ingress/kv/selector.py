@@ -21,6 +21,7 @@ With `scoring: seed` and every candidate in prefix_key mode this is exactly the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -74,6 +75,12 @@ EXTRAS_KEY = "kv"
 # Prompts whose unheld rest waits to be encoded after their request was forwarded; past this,
 # a rest is not encoded (counted: the next turn then encodes it).
 MAX_PENDING_RESTS = 64
+# The held part of a prompt is encoded on the request path in steps of 1, 4, 16, 16, ... pieces
+# (about 250 tokens each), reading the index after each, and lets the event loop serve the other
+# requests and streams once a step ends past this much encoding: a held part the prompt encoder
+# has not cached (a conversation another replica saw, or one the cache let go) is tens of ms.
+MAX_HELD_STEP = 16
+HELD_SLICE_S = 0.002
 
 
 @dataclass(slots=True)
@@ -162,6 +169,7 @@ class KvSelector:
             if g.mode == "precise" and g.encoder is None and g.config is not None and g.hasher is not None
         }
         self._rests: RestQueue[_Rest] = RestQueue(self._finish_rest, self._rest_failed, limit=MAX_PENDING_RESTS)
+        self.held_slice_seconds = HELD_SLICE_S
         self.timeout_s = 0.1 + max(
             (g.config.tokenize_timeout_ms / 1000 for g in self.groups.values() if g.config is not None), default=0.0
         )
@@ -294,9 +302,11 @@ class KvSelector:
     ) -> None:
         """Encode `prompt` only as far as some member holds it: past the first block no one
         holds (index or speculative entries), no match can reach, so the rest cannot change
-        the choice. Pieces are added 1, 4, 16, ... at a time, reading the index after each."""
+        the choice. Pieces are added 1, 4, 16, 16, ... at a time, reading the index after each;
+        past `held_slice_seconds` of encoding, the loop serves others before the next step."""
         names = [m.name for m in members]
         step = 1
+        slice_end = time.perf_counter() + self.held_slice_seconds
         while not prompt.done:
             chain = prompt.block_hashes
             if chain:
@@ -313,7 +323,10 @@ class KvSelector:
                 if deepest < len(chain):
                     return
             prompt.extend(step)
-            step *= 4
+            step = min(step * 4, MAX_HELD_STEP)
+            if time.perf_counter() >= slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.perf_counter() + self.held_slice_seconds
 
     async def _held(
         self, group: GroupRuntime, keys: RequestKeys, state: RequestState, members: Sequence[BackendState], plan: _Plan
