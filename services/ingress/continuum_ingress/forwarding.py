@@ -196,7 +196,7 @@ class Forwarder:
         start = self.clock()
         backend.begin(start)
         backend.queue_prefill(state.prefill_tokens)  # released at the first byte (_stream) or the end
-        state.sent_at = self.stage_clock()
+        state.sent_at, state.first_chunk_at = self.stage_clock(), 0.0
         try:
             response, first = await self._first_byte(
                 state, spec, backend, client=client, target=target, headers=headers, content=content
