@@ -29,6 +29,8 @@ from continuum_testing.gemini_cache import (
     system_prompt,
 )
 
+LAG = "continuum_gemini_context_cache_event_loop_lag_seconds"
+
 
 @pytest.fixture(autouse=True)
 def _api_key(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
@@ -121,10 +123,16 @@ async def test_metrics_and_health_endpoints(fake: FakeGemini, nats_server: NatsS
         assert app.http_url is not None
         async with httpx.AsyncClient(base_url=app.http_url, timeout=5) as http:
             text = (await http.get("/metrics")).text
+            for _ in range(40):  # the loop-lag timer ticks every 0.1 s
+                if f"{LAG}_count 0.0" not in text:
+                    break
+                await asyncio.sleep(0.05)
+                text = (await http.get("/metrics")).text
             health = await http.get("/healthz")
         assert 'continuum_gemini_context_cache_creates_total{backend="gem-a"} 1.0' in text
         assert 'continuum_gemini_context_cache_lookups_total{backend="gem-a",result="hit"} 1.0' in text
         assert 'continuum_gemini_context_cache_requests_total{backend="gem-a",result="ineligible"} 0.0' in text
+        assert f"{LAG}_count" in text and f"{LAG}_count 0.0" not in text
         assert health.status_code == 200 and health.json() == {"status": "ok", "nats": True, "state_store": True}
     finally:
         await app.stop()

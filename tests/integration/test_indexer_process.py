@@ -189,6 +189,11 @@ async def test_admin_health_and_metrics(nats_server: NatsServer, redis_server: R
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
             health = await client.get("/healthz")
             metrics = (await client.get("/metrics")).text
+            for _ in range(40):  # the loop-lag timer ticks every 0.1 s
+                if "continuum_indexer_event_loop_lag_seconds_count 0.0" not in metrics:
+                    break
+                await asyncio.sleep(0.05)
+                metrics = (await client.get("/metrics")).text
             missing = await client.get("/nothing")
             post = await client.post("/metrics")
         after = await snapshot(app.index, PREFIXES)
@@ -222,4 +227,6 @@ async def test_admin_health_and_metrics(nats_server: NatsServer, redis_server: R
     assert "continuum_kv_events_received_total" in metrics
     assert 'continuum_kv_consumer_connected{backend="event_bus"} 1.0' in metrics
     assert "continuum_kv_index_apply_seconds_bucket" in metrics
+    assert "continuum_indexer_event_loop_lag_seconds_count" in metrics
+    assert "continuum_indexer_event_loop_lag_seconds_count 0.0" not in metrics
     assert missing.status_code == 404 and post.status_code == 405

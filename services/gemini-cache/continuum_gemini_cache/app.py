@@ -19,6 +19,7 @@ from nats.aio.client import Client as NatsClient
 from continuum_common.asgi_server import EmbeddedServer
 from continuum_common.bus import connect
 from continuum_common.config.router import RouterConfig
+from continuum_common.loop_lag import measure_loop_lag
 from continuum_common.redis_client import make_redis
 from continuum_gemini_cache.adapters.bus import BusAdapter
 from continuum_gemini_cache.adapters.google_api import GoogleCacheApi
@@ -110,6 +111,7 @@ class GeminiCacheApp:
         try:
             async with asyncio.TaskGroup() as tg:
                 self.service.start_background(tg)
+                tg.create_task(measure_loop_lag(self.metrics.loop_lag.observe, self._stopping), name="loop-lag")
                 ready.set()
                 await self._stopping.wait()
                 raise _Shutdown

@@ -56,6 +56,12 @@ class Metrics:
         self.extends = Counter(P + "extends", "extend_on_hit PATCH calls", ["backend", "result"], registry=r)
         self.deletes = Counter(P + "deletes", "Best-effort DELETE calls", ["backend", "result"], registry=r)
         self.dropped = Counter(P + "dropped", "Bus messages or jobs dropped", ["reason"], registry=r)
+        self.loop_lag = Histogram(
+            P + "event_loop_lag_seconds",
+            "How much later than due the event loop ran a periodic timer",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
         self.store_errors = Counter(P + "store_errors", "State store operations that failed", ["op"], registry=r)
         self.entries = Gauge(P + "entries", "Live entries (shared state, last observed)", ["backend"], registry=r)
         self.negative_entries = Gauge(

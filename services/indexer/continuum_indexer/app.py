@@ -15,6 +15,7 @@ from nats.aio.client import Client as NatsClient
 
 from continuum_common.bus import connect
 from continuum_common.kvindex import BlockIndexStore, KvIndexStore, open_block_index, open_kv_index
+from continuum_common.loop_lag import measure_loop_lag
 from continuum_common.redis_client import RedisClient, make_redis
 from continuum_common.tracing import Tracing
 from continuum_common.wire import indexer_admin as admin
@@ -32,7 +33,7 @@ class IndexerApp:
         self, settings: IndexerSettings, index: KvIndexStore | None = None, blocks: BlockIndexStore | None = None
     ) -> None:
         self.settings = settings
-        self.metrics = IndexerMetrics(settings.known_backends())
+        self.metrics = IndexerMetrics(settings.known_backends(), loop_lag=True)
         self._index = index
         self._blocks = blocks
         self.index: KvIndexStore | None = None
@@ -90,6 +91,8 @@ class IndexerApp:
                 await self.http.start()
             async with asyncio.TaskGroup() as tg:
                 feeds_task = tg.create_task(self.feeds.run(), name="feeds")
+                if self.metrics.loop_lag is not None:
+                    tg.create_task(measure_loop_lag(self.metrics.loop_lag.observe, stop), name="loop-lag")
                 self.started.set()
                 await stop.wait()
                 log.info("stopping: finishing the batch in hand")

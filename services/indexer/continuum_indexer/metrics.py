@@ -23,10 +23,25 @@ OTHER = "other"
 
 
 class IndexerMetrics:
-    def __init__(self, known_backends: Iterable[str] = (), registry: CollectorRegistry | None = None) -> None:
+    """`loop_lag`: the standalone service's event-loop lag histogram (an index embedded in the
+    ingress shares the ingress's registry, and the ingress reports its own loop)."""
+
+    def __init__(
+        self, known_backends: Iterable[str] = (), registry: CollectorRegistry | None = None, *, loop_lag: bool = False
+    ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self._known = frozenset(known_backends) | {EVENT_BUS_SOURCE}
         r = self.registry
+        self.loop_lag = (
+            Histogram(
+                "continuum_indexer_event_loop_lag_seconds",
+                "How much later than due the event loop ran a periodic timer",
+                buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+                registry=r,
+            )
+            if loop_lag
+            else None
+        )
         self.received = Counter(
             "continuum_kv_events_received", "KV events taken off a transport", ["backend", "transport"], registry=r
         )
