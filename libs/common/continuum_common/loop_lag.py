@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import Final
 
 DEFAULT_INTERVAL_S = 0.1
+# Histogram bounds (seconds) every service exports its lag with, so dashboards compare them.
+LAG_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 async def measure_loop_lag(

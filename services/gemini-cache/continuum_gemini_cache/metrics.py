@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from continuum_common.loop_lag import LAG_BUCKETS
+
 P = "continuum_gemini_context_cache_"
 
 CREATE_FAILURE_REASONS = (
@@ -59,7 +61,7 @@ class Metrics:
         self.loop_lag = Histogram(
             P + "event_loop_lag_seconds",
             "How much later than due the event loop ran a periodic timer",
-            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            buckets=LAG_BUCKETS,
             registry=r,
         )
         self.store_errors = Counter(P + "store_errors", "State store operations that failed", ["op"], registry=r)

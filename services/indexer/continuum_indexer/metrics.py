@@ -11,6 +11,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from continuum_common.loop_lag import LAG_BUCKETS
+
 # A dropped bus message is one v1 event or one whole v2 batch.
 DROP_REASONS = ("decode", "too_large", "backend_mismatch", "not_bus_source", "invalid", "unknown_type", "write_failed")
 BLOCK_RESULTS = ("applied", "stale")
@@ -36,7 +38,7 @@ class IndexerMetrics:
             Histogram(
                 "continuum_indexer_event_loop_lag_seconds",
                 "How much later than due the event loop ran a periodic timer",
-                buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+                buckets=LAG_BUCKETS,
                 registry=r,
             )
             if loop_lag

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from continuum_common.loop_lag import LAG_BUCKETS
 from continuum_common.ring import RouteLabel
 from continuum_ingress.hyperloglog import HyperLogLog
 from continuum_ingress.plain_metrics import PlainCounter, PlainHistogram
@@ -30,7 +31,6 @@ ENDPOINTS = (*(a.value for a in Api), "models", "admin")
 # A streamed request's way to its first chunk (IngressMetrics.stream_stages).
 STREAM_STAGES = ("read", "route", "backend", "to_client")
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-LOOP_LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 REJECT_REASONS = ("invalid_json", "invalid_request", "too_large", "unknown_model", "no_backend")
 BACKEND_OUTCOMES = (
     "success",
@@ -184,7 +184,7 @@ class IngressMetrics:
             "How much later than due the event loop ran a periodic timer: what a request arriving"
             " then waited before the process read it",
             [],
-            LOOP_LAG_BUCKETS,
+            LAG_BUCKETS,
             registry=r,
             preset=[()],
         )

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from continuum_common.loop_lag import LAG_BUCKETS
 from continuum_listener.protocol.model import DROP_REASONS
 
 CHAIN_EVENTS = frozenset(
@@ -142,7 +143,7 @@ class ListenerMetrics:
             "continuum_kv_listener_event_loop_lag_seconds",
             "How much later than due the event loop ran a periodic timer (while the listener works"
             " through a burst it yields every millisecond; this says how well).",
-            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            buckets=LAG_BUCKETS,
             registry=r,
         )
         self.publish_latency = Histogram(
