@@ -1,6 +1,6 @@
 """The ingress's own timing metrics over real HTTP: a streamed request's stages up to its first
 chunk (the backend's wait lands in `backend`, not in the router's own stages) and the event
-loop's lag, exported on /metrics."""
+loop's lag, exported on /metrics; and `bench compare`'s scrape of them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 
 import httpx
 
+from continuum_bench.fleet.router_timing import scrape_timing
 from continuum_testing.ingress_harness import running_ingress, stub_backends
 from continuum_testing.upstream_stub import running_stubs
 
@@ -52,3 +53,25 @@ async def test_a_streamed_request_is_timed_by_stage_and_the_loop_lag_is_exported
                 await asyncio.sleep(0.05)
                 got = await samples(client)
             assert got[f"{LAG}_count"] > 0 and got[f"{LAG}_sum"] >= 0
+
+
+async def test_the_bench_scrapes_the_difference_a_run_made() -> None:
+    async with running_stubs("a") as stubs:
+        stubs[0].stub.delay = 0.1
+        async with (
+            running_ingress({"backends": stub_backends(stubs)}) as ing,
+            httpx.AsyncClient(base_url=ing.url, timeout=10) as client,
+        ):
+            before = await scrape_timing([ing.url + "/v1"])  # the form the load generator is given
+            assert before is not None and before.streams == 0
+            for _ in range(2):
+                async with client.stream("POST", "/v1/chat/completions", json=STREAM) as response:
+                    await response.aread()
+            after = await scrape_timing([ing.url])
+            assert after is not None
+            run = after.minus(before)
+            assert run.streams == 2
+            backend = run.stage_mean("backend")
+            assert backend is not None and backend >= 0.1
+            # a server without the ingress's metrics (here the stub) is not timed
+            assert await scrape_timing([ing.url, stubs[0].url]) is None
