@@ -195,6 +195,31 @@ async def test_the_tokenizer_audit_turns_precise_matching_off_when_the_engine_di
         assert kv.selector.groups["fleet"].precise_disabled is None
 
 
+async def test_the_tokenizer_audit_waits_for_a_slow_tokenize_longer_than_a_request_would(
+    nats_server: NatsServer, tokenizer_files: TokenizerFiles
+) -> None:
+    tok = LocalTokenizer(tokenizer_files.tokenizer, chat_template=tokenizer_files.chat_template)
+
+    def engine_tokenize(body: dict[str, Any]) -> list[int]:
+        text = tok.render_chat(body["messages"], add_generation_prompt=body.get("add_generation_prompt", True))
+        return tok.encode(text, add_special_tokens=False)
+
+    async with running_stubs("a") as stubs:
+        # an engine busy prefilling: /tokenize answers well past the 50 ms a request would wait
+        stubs[0].stub.tokenize, stubs[0].stub.tokenize_delay = engine_tokenize, 0.3
+        async with ingress(config(stubs, nats_server.url, tokenizer_files, tokenize_timeout_ms=50)) as (ing, c):
+            kv = ing.app.kv
+            assert kv is not None
+            kv.selector.audits["fleet"].every = 1
+            r = await c.post("/v1/chat/completions", json=chat([{"role": "user", "content": "x " * 100}]))
+            assert r.status_code == 200
+            await eventually(
+                lambda: sample(ing, "continuum_kv_tokenizer_audits_total", group="fleet", result="match") >= 1
+            )
+            assert sample(ing, "continuum_kv_tokenizer_audits_total", group="fleet", result="error") == 0
+            assert [q.path for q in stubs[0].stub.requests].count("/tokenize") == 1
+
+
 async def test_a_new_prompt_goes_to_the_least_busy_backend_unless_the_index_is_unreadable(
     nats_server: NatsServer, tokenizer_files: TokenizerFiles
 ) -> None:

@@ -14,7 +14,7 @@ import base64
 import contextlib
 import struct
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,9 @@ class StubUpstream:
     stall_s: float = 0.0
     end_delay: float = 0.0  # seconds between a stream's last event and the end of its body
     health_status: int = 200
+    # `POST /tokenize` answers `{"tokens": tokenize(body)}` after `tokenize_delay` seconds; 404 when None
+    tokenize: Callable[[dict[str, Any]], list[int]] | None = None
+    tokenize_delay: float = 0.0
     cancelled: int = 0  # requests whose client disconnected before the answer was finished
     active: int = 0
     peak_active: int = 0
@@ -89,6 +92,13 @@ class StubUpstream:
             return
         if self.hold is not None and not self.hold.is_set() and await _client_left(receive, None, self.hold):
             self.cancelled += 1
+            return
+        if path == "/tokenize" and self.tokenize is not None:
+            if self.tokenize_delay and await _client_left(receive, self.tokenize_delay):
+                self.cancelled += 1
+                return
+            tokens = self.tokenize(body)
+            await _json(send, 200, {"count": len(tokens), "tokens": tokens})
             return
         if self.fail_next > 0:
             self.fail_next -= 1

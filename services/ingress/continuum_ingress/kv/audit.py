@@ -8,6 +8,12 @@ group, in the background, never delaying a request) is also tokenized by a backe
 disagreements in a row the group falls back to approximate matching until the router restarts
 (an ERROR log says why); agreement resets the count. Every outcome is counted in
 `continuum_kv_tokenizer_audits_total{group, result}`.
+
+A check waits up to AUDIT_TIMEOUT_S for `/tokenize` (or `tokenize_timeout_ms`, if longer), not
+`tokenize_timeout_ms` alone: that bound is made for calls a request waits on, and an engine busy
+prefilling long prompts takes longer than it to tokenize one (on the simulated fleet with the
+conversation trace, 8 of 10 checks got no answer within the 200-ms default). Nothing waits on a check,
+and at most one runs per group.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ log = logging.getLogger("continuum.ingress.kv")
 
 AUDIT_EVERY = 200
 MISMATCHES_TO_DISABLE = 3
+AUDIT_TIMEOUT_S = 10.0
 
 
 class TokenizerAudit:
@@ -35,10 +42,12 @@ class TokenizerAudit:
         *,
         every: int = AUDIT_EVERY,
         mismatches_to_disable: int = MISMATCHES_TO_DISABLE,
+        timeout_s: float = AUDIT_TIMEOUT_S,
     ) -> None:
         self.group = group
         self.count = count  # (group, result)
         self.every = every
+        self.timeout_s = timeout_s
         self.mismatches_to_disable = mismatches_to_disable
         self._seen = 0
         self._mismatches = 0
@@ -64,9 +73,10 @@ class TokenizerAudit:
     ) -> None:
         cfg = self.group.config
         assert cfg is not None
+        timeout_s = max(cfg.tokenize_timeout_ms / 1000, self.timeout_s)
         try:
             tokens = await remote_tokens(
-                client, cfg.tokenize_path, api=api, body=body, model=model, timeout_s=cfg.tokenize_timeout_ms / 1000
+                client, cfg.tokenize_path, api=api, body=body, model=model, timeout_s=timeout_s
             )
         except TokenizeFailed:
             self.count(self.group.name, "error")

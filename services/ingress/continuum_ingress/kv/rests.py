@@ -6,6 +6,13 @@ One queue, oldest first, encoded a few pieces (~100 tokens each) at a time for a
 the I/O that came in meanwhile. A new 12k-token prompt takes 15-50 ms to encode: in one callback
 (or a burst of them, each taking a slice per turn) that would hold up every request and stream
 the loop serves meanwhile. At most `limit` rests wait; `add` refuses more.
+
+The budget is small (REST_SLICE_S, 0.5 ms) because a request's way to its first chunk crosses
+several loop turns (its body, the upstream's first chunk, the write to the client), and while
+rests are queued every turn carries a slice: I/O that became ready waits for the slice under way.
+With 2-ms slices about one loop-lag tick in thirteen on the conversation trace came 5-25 ms late;
+with 0.5 ms one in fifty, at the same CPU (docs/benchmarks.md, "Rests in half-millisecond
+slices").
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ if TYPE_CHECKING:
     from continuum_common.tokenization import PartialPrompt
 
 T = TypeVar("T")
+
+REST_SLICE_S = 0.0005  # encoding per loop turn, all queued rests together (see above)
 
 
 def encode_until(prompt: PartialPrompt, deadline: float, pieces: int) -> bool:
@@ -42,7 +51,7 @@ class RestQueue(Generic[T]):
         on_failed: Callable[[T, Exception], None],
         *,
         limit: int = 64,
-        slice_seconds: float = 0.002,
+        slice_seconds: float = REST_SLICE_S,
         pieces: int = 2,
     ) -> None:
         self.on_whole = on_whole
