@@ -28,7 +28,6 @@ class Connection(Protocol):
     def body_taken(self, size: int) -> None: ...
     def default_headers(self) -> bytes: ...
     def write(self, data: bytes) -> None: ...
-    def flush(self) -> None: ...
     def response_complete(self, cycle: RequestCycle) -> None: ...
 
 
@@ -165,18 +164,12 @@ class RequestCycle:
             if self.remaining < 0:
                 raise RuntimeError("response body longer than its Content-Length")
         conn.write(body)
-        if more:
-            # A stream's chunk leaves now, with the head if that is still waiting: left to the
-            # end of the loop turn it would wait behind that turn's other callbacks (another
-            # request's routing, a slice of prompt encoding). Streams relay one upstream read
-            # per turn, so this costs no extra sends.
-            conn.flush()
-            return
-        self.complete = True
-        if self.remaining:
-            log.error("response body shorter than its Content-Length; closing the connection")
-            self.keep_alive = False
-        conn.response_complete(self)
+        if not more:
+            self.complete = True
+            if self.remaining:
+                log.error("response body shorter than its Content-Length; closing the connection")
+                self.keep_alive = False
+            conn.response_complete(self)
 
     def _head(self, status: int, headers: Any) -> bytes:
         lines = []
