@@ -12,8 +12,8 @@ disagreements in a row the group falls back to approximate matching until the ro
 A check waits up to AUDIT_TIMEOUT_S for `/tokenize` (or `tokenize_timeout_ms`, if longer), not
 `tokenize_timeout_ms` alone: that bound is made for calls a request waits on, and an engine busy
 prefilling long prompts takes longer than it to tokenize one (on the simulated fleet with the
-conversation trace, 8 of 10 checks got no answer within the 200-ms default). Nothing waits on a check,
-and at most one runs per group.
+conversation trace, 8 of 10 checks got no answer within the 200-ms default). Nothing waits on a
+check, and at most one runs per group.
 """
 
 from __future__ import annotations

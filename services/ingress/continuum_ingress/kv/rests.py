@@ -11,7 +11,7 @@ The budget is small (REST_SLICE_S, 0.5 ms) because a request's way to its first 
 several loop turns (its body, the upstream's first chunk, the write to the client), and while
 rests are queued every turn carries a slice: I/O that became ready waits for the slice under way.
 With 2-ms slices about one loop-lag tick in thirteen on the conversation trace came 5-25 ms late;
-with 0.5 ms one in fifty, at the same CPU (docs/benchmarks.md, "Rests in half-millisecond
+with 0.5 ms about one in forty, at the same CPU (docs/benchmarks.md, "Rests in half-millisecond
 slices").
 """
 
