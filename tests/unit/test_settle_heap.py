@@ -8,7 +8,7 @@ import sys
 
 PROBE = """
 import gc
-from continuum_router.run import GC_YOUNG_THRESHOLD, settle_heap
+from continuum_common.runner import GC_YOUNG_THRESHOLD, settle_heap
 before = gc.get_freeze_count()
 young, middle, old = gc.get_threshold()
 settle_heap()

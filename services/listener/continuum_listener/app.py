@@ -28,6 +28,7 @@ from continuum_common.asgi_server import EmbeddedServer
 from continuum_common.config.listener import ListenerSource
 from continuum_common.events import KvEvent
 from continuum_common.loop_lag import measure_loop_lag
+from continuum_common.runner import settle_heap
 from continuum_common.tracing import Tracing
 from continuum_listener.adapters.detokenize import DetokenizeClient
 from continuum_listener.adapters.heartbeat import Heartbeat
@@ -290,6 +291,9 @@ async def serve(settings: ListenerSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, app.stop)
+    # The sources' resident-block maps exist now and only grow: freezing them with the start-up
+    # heap keeps full collections from walking every block the engines hold.
+    settle_heap()
     try:
         await app.run()
     except* (OSError, zmq.ZMQError) as group:

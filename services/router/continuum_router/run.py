@@ -1,10 +1,9 @@
-"""Process-level runners: signals, the heap settings, and `continuum-router serve` (one
+"""Process-level runners: signals and `continuum-router serve` (one
 process, a worker, or the supervisor of `server.workers` workers)."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from continuum_common.asgi_server import bind_tcp
 from continuum_common.config import load_router_config
+from continuum_common.runner import settle_heap
 from continuum_ingress.metrics import RebalanceMetrics
 from continuum_ingress.rebalancer import ConnectionBalancer
 from continuum_ingress.server import RunningServer
@@ -20,24 +20,6 @@ from continuum_ingress.workers import WorkerSeat
 from continuum_router.compose import build_ingress
 
 log = logging.getLogger(__name__)
-
-
-# The cyclic collector's young-generation threshold once the process has started. Requests in
-# flight survive young collections, so at the default (700 allocations) the collector runs a
-# few times per request; a larger threshold runs it less often for about the same work each.
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def settle_heap() -> None:
-    """After start-up: move everything allocated so far (modules, config, the app) out of the
-    collector's view and raise the young-generation threshold. Without it a full collection
-    walks every long-lived object (~100k in a router) and pauses the event loop for tens of
-    milliseconds, which was most of the router's p99 at concurrency 64
-    (`continuum_bench.ingress_latency`; docs/benchmarks.md)."""
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
