@@ -138,8 +138,9 @@ _group_variant("tokenize", (("token_ids_from_answers", False),))
 _group_variant("ids", (("token_ids_from_answers", True),))
 
 # Placement demand: each routed request as `req<n>` new tokens, with the tolerance floor
-# `tt<k>` thousand tokens (placement_tolerance_tokens): the defaults now, and the setting before.
-for _req, _floor in ((3000, 80), (256, 4)):
+# `tt<k>` thousand tokens (placement_tolerance_tokens): the defaults now, a lower floor, and the
+# setting before.
+for _req, _floor in ((3000, 80), (3000, 40), (256, 4)):
     _name = f"continuum-kv-precise-req{_req}-tt{_floor}k"
     _by_requests: tuple[tuple[str, float | bool], ...] = (
         ("placement_request_tokens", _req),

@@ -13,10 +13,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from continuum_common.exposition import render
 from continuum_common.tracing import Tracing
 from continuum_ingress.asgi import (
     DISCONNECT_HOOK,
@@ -243,4 +244,4 @@ class InfoEndpoints:
     async def prometheus(self, request: Request) -> Response:
         if self.exposition is not None:
             return Response(await self.exposition(), media_type=CONTENT_TYPE_LATEST)
-        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(await render(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -10,7 +10,9 @@ import logging
 from collections.abc import Callable
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+
+from continuum_common.exposition import render
 
 log = logging.getLogger("continuum.indexer.http")
 _MAX_HEAD = 8192
@@ -45,7 +47,7 @@ class HealthServer:
                 head = await reader.readuntil(b"\r\n\r\n")
             method, _, rest = head.decode("latin-1").partition(" ")
             path = rest.partition(" ")[0].split("?", 1)[0]
-            status, ctype, body = self._route(method, path)
+            status, ctype, body = await self._route(method, path)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
             status, ctype, body = 400, "text/plain", b"bad request\n"
         try:
@@ -61,13 +63,13 @@ class HealthServer:
         finally:
             writer.close()
 
-    def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+    async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
         if path not in ("/healthz", "/metrics"):
             return 404, "text/plain", b"not found\n"
         if method not in ("GET", "HEAD"):
             return 405, "text/plain", b"method not allowed\n"
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+            return 200, CONTENT_TYPE_LATEST, await render(self.registry)
         ok, details = self.health()
         return (
             (200 if ok else 503),

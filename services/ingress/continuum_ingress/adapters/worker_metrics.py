@@ -15,10 +15,11 @@ import contextlib
 import logging
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from continuum_common.config import RouterConfig
+from continuum_common.exposition import render as render_exposition
 from continuum_ingress.metrics import WorkerScrapeMetrics
 from continuum_ingress.protocol.exposition import ExpositionError, merge, parse, render
 from continuum_ingress.workers import SUPERVISOR, WorkerSeat
@@ -35,7 +36,7 @@ async def serve_exposition(path: Path, registry: CollectorRegistry) -> asyncio.S
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            writer.write(generate_latest(registry))
+            writer.write(await render_exposition(registry))
             async with asyncio.timeout(WRITE_TIMEOUT_S):
                 await writer.drain()
         except (OSError, TimeoutError):
@@ -120,5 +121,5 @@ class WorkerMetrics:
             except Exception as exc:  # gone, slow, unreadable: this answer goes without it
                 self.metrics.failures.inc()
                 log.debug("metrics of %s not included: %s", name, type(exc).__name__)
-        own = (str(self.seat.index), parse(generate_latest(self.registry)))
+        own = (str(self.seat.index), parse(await render_exposition(self.registry)))
         return render(merge([own, *sources]))

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from continuum_common.exposition import render
 from continuum_listener.metrics import ListenerMetrics
 from continuum_listener.sse_hub import SseHub
 
@@ -61,7 +62,7 @@ def build_app(
         return JSONResponse(body, 503 if body.get("status") == "draining" else 200)
 
     async def prometheus(_request: Request) -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await render(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def not_found(_request: Request, _exc: Exception) -> Response:
         return error(404, "not found", "not_found_error")
