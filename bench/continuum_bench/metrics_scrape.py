@@ -3,6 +3,7 @@
 
     python -m continuum_bench.metrics_scrape                      # 32 backends, 3 repeats
     python -m continuum_bench.metrics_scrape --baseline ../old    # another checkout in the same rounds
+    python -m continuum_bench.metrics_scrape --workers 2          # a `serve` of 2 workers
 
 Three kinds of process: the canned backend of `continuum_bench.ingress_latency` (one server that
 every backend entry points at), the ingress (`serve`, PrefixAwareHash over `--backends` entries,
@@ -10,8 +11,10 @@ so it has as many per-backend label sets as a fleet of that size), and this driv
 sends requests with `--prompts` different system prompts, which spreads them over the backends
 and fills every backend's label sets. Then, per repeat and per ingress:
 
-* `alone`: a prober sends non-streamed chat completions one after another on one keep-alive
-  connection for `--seconds`;
+* `alone`: a prober sends a non-streamed chat completion every `--probe-ms` on one keep-alive
+  connection for `--seconds`, each timed from when it was due (a stall delays every request due
+  during it, as with independent clients) (with `--workers` N, N probers, so that some share the worker a
+  scrape reaches, which then also asks its siblings for their texts and merges them);
 * `scraped`: the same while a scraper GETs `/metrics` every `--scrape-ms` on its own connection.
 
 Reported: the prober's latency p50 / p99 / max in each phase (a request that arrives while the
@@ -39,9 +42,10 @@ from continuum_bench.ingress_latency import MODEL, _source_path, _start_ingress,
 from continuum_common.procs import free_port
 
 
-def _config(backend_port: int, workdir: Path, backends: int) -> Path:
+def _config(backend_port: int, workdir: Path, backends: int, workers: int) -> Path:
     url = f"http://127.0.0.1:{backend_port}"
     data = {
+        "server": {"workers": workers},
         "selection_strategy": "PrefixAwareHash",
         "prefix_routing": {"enabled": True},
         "backends": [
@@ -90,14 +94,21 @@ async def _warm(port: int, prompts: int) -> None:
     writer.close()
 
 
-async def _probe(port: int, until: float, latencies: list[float]) -> None:
+async def _probe(port: int, until: float, every: float, latencies: list[float]) -> None:
+    """Requests on a fixed schedule, one every `every` seconds, each timed from when it was due:
+    a stall delays every request due during it, as it would with clients that do not wait for
+    each other (no coordinated omission)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     request = _request(0)
     clock = time.perf_counter
-    while clock() < until:
-        start = clock()
+    due = clock()
+    while due < until:
+        wait = due - clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
         await _exchange(reader, writer, request)
-        latencies.append(clock() - start)
+        latencies.append(clock() - due)
+        due += every
     writer.close()
 
 
@@ -119,12 +130,12 @@ def _ms(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
 
 
-async def _phase(port: int, seconds: float, scrape_s: float | None) -> dict[str, float]:
+async def _phase(port: int, args: argparse.Namespace, scrape_s: float | None) -> dict[str, float]:
     latencies: list[float] = []
     durations: list[float] = []
     sizes: list[int] = []
-    until = time.perf_counter() + seconds
-    tasks = [_probe(port, until, latencies)]
+    until = time.perf_counter() + args.seconds
+    tasks = [_probe(port, until, args.probe_ms / 1000, latencies) for _ in range(args.workers)]
     if scrape_s is not None:
         tasks.append(_scrape(port, until, scrape_s, durations, sizes))
     await asyncio.gather(*tasks)
@@ -152,8 +163,9 @@ async def _measure(ports: dict[str, int], args: argparse.Namespace) -> dict[str,
     results: dict[str, dict[str, list[dict[str, float]]]] = {n: {"alone": [], "scraped": []} for n in ports}
     for _ in range(args.repeats):
         for name, port in ports.items():  # interleaved: machine load hits every ingress alike
-            results[name]["alone"].append(await _phase(port, args.seconds, None))
-            results[name]["scraped"].append(await _phase(port, args.seconds, args.scrape_ms / 1000))
+            results[name]["alone"].append(await _phase(port, args, None))
+            scraped = await _phase(port, args, args.scrape_ms / 1000)
+            results[name]["scraped"].append(scraped)
     return results
 
 
@@ -166,8 +178,10 @@ def main() -> None:
     parser.add_argument("--backends", type=int, default=32, help="backend entries in the ingress's configuration")
     parser.add_argument("--prompts", type=int, default=400, help="warm-up requests, each with its own system prompt")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per phase")
-    parser.add_argument("--scrape-ms", type=float, default=100.0, help="interval between scrapes in the scraped phase")
+    parser.add_argument("--scrape-ms", type=float, default=1000.0, help="interval between scrapes in the scraped phase")
+    parser.add_argument("--probe-ms", type=float, default=2.0, help="interval between a prober's requests")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1, help="server.workers of the ingress (and the probers)")
     parser.add_argument("--baseline", type=Path, help="another Continuum checkout measured in the same rounds")
     args = parser.parse_args()
     env = {**os.environ, "CONTINUUM_LOG_LEVEL": "WARNING"}
@@ -180,7 +194,7 @@ def main() -> None:
         procs.append(backend)
         try:
             _wait_port(backend_port, backend)
-            config = _config(backend_port, Path(tmp), args.backends)
+            config = _config(backend_port, Path(tmp), args.backends, args.workers)
             ports = {"continuum": free_port()}
             procs.append(_start_ingress(config, ports["continuum"], env))
             if args.baseline is not None:
@@ -193,7 +207,8 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(30)
     print(
-        f"{args.backends} backends, probe alone / while /metrics is scraped every {args.scrape_ms:g} ms; "
+        f"{args.backends} backends, {args.workers} worker(s); probes alone / while /metrics is scraped every "
+        f"{args.scrape_ms:g} ms; "
         f"medians of {args.repeats} runs of {args.seconds:g} s"
     )
     print(

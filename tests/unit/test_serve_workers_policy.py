@@ -4,6 +4,7 @@ several processes' metrics into one exposition."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,29 @@ def test_an_unreadable_exposition_is_an_error() -> None:
         parse_text(b'demo_requests_total{endpoint="chat" 1\n')
     with pytest.raises(ExpositionError):
         parse_text(b"\xff\xfe")
+
+
+async def test_a_siblings_exposition_is_parsed_with_a_loop_turn_after_each_family() -> None:
+    from continuum_ingress.adapters.worker_metrics import _parse
+
+    text = _worker_registry(3, 1)  # 3 families
+    turns = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal turns
+        while not done:
+            await asyncio.sleep(0)
+            turns += 1
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    start = turns
+    parsed = await _parse(text)
+    counted = turns - start
+    done = True
+    await task
+    assert [f.name for f in parsed] == [f.name for f in parse_text(text)]
+    assert counted >= 3
+    with pytest.raises(ExpositionError):  # raised while iterating, as `parse` raises it
+        await _parse(b"demo_ok 1\n" + b'demo_requests_total{endpoint="chat" 1\n')

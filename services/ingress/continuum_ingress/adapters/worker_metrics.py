@@ -21,7 +21,7 @@ from prometheus_client.metrics_core import Metric
 from continuum_common.config import RouterConfig
 from continuum_common.exposition import render as render_exposition
 from continuum_ingress.metrics import WorkerScrapeMetrics
-from continuum_ingress.protocol.exposition import ExpositionError, merge, parse, render
+from continuum_ingress.protocol.exposition import ExpositionError, Families, families, merge
 from continuum_ingress.workers import SUPERVISOR, WorkerSeat
 
 log = logging.getLogger(__name__)
@@ -117,9 +117,19 @@ class WorkerMetrics:
             try:
                 if isinstance(result, BaseException):
                     raise result
-                sources.append((None if name == SUPERVISOR else name, parse(result)))
+                sources.append((None if name == SUPERVISOR else name, await _parse(result)))
             except Exception as exc:  # gone, slow, unreadable: this answer goes without it
                 self.metrics.failures.inc()
                 log.debug("metrics of %s not included: %s", name, type(exc).__name__)
-        own = (str(self.seat.index), parse(await render_exposition(self.registry)))
-        return render(merge([own, *sources]))
+        own = (str(self.seat.index), await _parse(await render_exposition(self.registry)))
+        return await render_exposition(Families(merge([own, *sources])))
+
+
+async def _parse(text: bytes) -> list[Metric]:
+    """Parse a process's exposition with a turn of the event loop after each family: a sibling's
+    text takes milliseconds to parse, and requests wait for whatever holds the loop."""
+    parsed: list[Metric] = []
+    for family in families(text):
+        parsed.append(family)
+        await asyncio.sleep(0)
+    return parsed

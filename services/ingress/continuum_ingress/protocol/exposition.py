@@ -27,8 +27,14 @@ class ExpositionError(ContinuumError, ValueError):
 
 
 def parse(text: bytes) -> list[Metric]:
+    return list(families(text))
+
+
+def families(text: bytes) -> Iterator[Metric]:
+    """The families of `text`, parsed one at a time as they are taken (a caller on an event
+    loop can give the loop a turn between them); ExpositionError when the text does not parse."""
     try:
-        return list(text_string_to_metric_families(text.decode("utf-8")))
+        yield from text_string_to_metric_families(text.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, IndexError, KeyError) as exc:
         raise ExpositionError(f"unreadable metrics exposition: {type(exc).__name__}") from None
 
@@ -52,7 +58,9 @@ def merge(sources: Iterable[tuple[str | None, Sequence[Metric]]]) -> list[Metric
     return list(merged.values())
 
 
-class _Families(Collector):
+class Families(Collector):
+    """Families already collected or parsed, as a collector (what the renderers read)."""
+
     def __init__(self, families: Sequence[Metric]) -> None:
         self._families = families
 
@@ -62,4 +70,4 @@ class _Families(Collector):
 
 def render(families: Sequence[Metric]) -> bytes:
     """The text format (0.0.4) of `families`."""
-    return generate_latest(_Families(families))
+    return generate_latest(Families(families))
