@@ -11,7 +11,7 @@ import sys
 from continuum_common.config.loader import load_router_config, router_warnings
 from continuum_common.errors import ConfigError
 from continuum_common.logs import setup_logging
-from continuum_common.runner import run
+from continuum_common.runner import run, settle_heap
 from continuum_indexer.app import IndexerApp
 from continuum_indexer.config import DEFAULT_DURABLE, ConsumerSettings, IndexerSettings, parse_listen
 
@@ -64,7 +64,9 @@ async def serve(settings: IndexerSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await IndexerApp(settings).run(stop)
+    app = IndexerApp(settings)
+    settle_heap()  # start-up objects out of the collector's view, young collections rarer
+    await app.run(stop)
 
 
 def main(argv: list[str] | None = None) -> int:
