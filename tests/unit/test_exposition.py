@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from continuum_common.exposition import render
+from continuum_testing.loop_turns import turns_during
 
 
 def _registry(families: int = 40) -> CollectorRegistry:
@@ -41,27 +42,6 @@ class _SlowCollector:
             yield family
 
 
-async def _turns_during(coro_factory: object) -> tuple[bytes, int]:
-    """Run render and count how many times another task got the loop meanwhile."""
-    turns = 0
-    done = False
-
-    async def ticker() -> None:
-        nonlocal turns
-        while not done:
-            await asyncio.sleep(0)
-            turns += 1
-
-    task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)  # the ticker is waiting for its next turn
-    start = turns
-    body = await coro_factory()  # type: ignore[operator]
-    counted = turns - start
-    done = True
-    await task
-    return body, counted
-
-
 async def test_render_gives_generate_latests_bytes_in_the_same_order() -> None:
     registry = _registry()
     expected = generate_latest(registry)
@@ -78,7 +58,7 @@ async def test_render_includes_custom_collectors_output() -> None:
 
 async def test_render_gives_the_loop_a_turn_after_each_family() -> None:
     registry = _registry()  # 120 families
-    _, turns = await _turns_during(lambda: render(registry))
+    _, turns = await turns_during(render(registry))
     assert turns >= 119
 
 

@@ -4,7 +4,6 @@ several processes' metrics into one exposition."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,14 @@ from continuum_common.config import RouterConfig
 from continuum_common.config.kv_index import LoadSharing
 from continuum_common.config.loader import parse
 from continuum_common.errors import ConfigError
+from continuum_ingress.adapters.worker_metrics import _parse
 from continuum_ingress.config_holder import restart_only_changes
 from continuum_ingress.policy.restarts import ExitVerdict, RestartBackoff, after_exit
 from continuum_ingress.policy.shared_load import choose_transports
 from continuum_ingress.protocol.exposition import ExpositionError, merge, render
 from continuum_ingress.protocol.exposition import parse as parse_text
 from continuum_ingress.workers import WorkerSeat
+from continuum_testing.loop_turns import turns_during
 
 # ---- restarts -----------------------------------------------------------------------------
 
@@ -169,25 +170,8 @@ def test_an_unreadable_exposition_is_an_error() -> None:
 
 
 async def test_a_siblings_exposition_is_parsed_with_a_loop_turn_after_each_family() -> None:
-    from continuum_ingress.adapters.worker_metrics import _parse
-
     text = _worker_registry(3, 1)  # 3 families
-    turns = 0
-    done = False
-
-    async def ticker() -> None:
-        nonlocal turns
-        while not done:
-            await asyncio.sleep(0)
-            turns += 1
-
-    task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    start = turns
-    parsed = await _parse(text)
-    counted = turns - start
-    done = True
-    await task
+    parsed, counted = await turns_during(_parse(text))
     assert [f.name for f in parsed] == [f.name for f in parse_text(text)]
     assert counted >= 3
     with pytest.raises(ExpositionError):  # raised while iterating, as `parse` raises it
