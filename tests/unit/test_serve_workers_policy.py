@@ -14,11 +14,12 @@ from continuum_common.config import RouterConfig
 from continuum_common.config.kv_index import LoadSharing
 from continuum_common.config.loader import parse
 from continuum_common.errors import ConfigError
+from continuum_common.exposition import Families
 from continuum_ingress.adapters.worker_metrics import _parse
 from continuum_ingress.config_holder import restart_only_changes
 from continuum_ingress.policy.restarts import ExitVerdict, RestartBackoff, after_exit
 from continuum_ingress.policy.shared_load import choose_transports
-from continuum_ingress.protocol.exposition import ExpositionError, merge, render
+from continuum_ingress.protocol.exposition import ExpositionError, merge
 from continuum_ingress.protocol.exposition import parse as parse_text
 from continuum_ingress.workers import WorkerSeat
 from continuum_testing.loop_turns import turns_during
@@ -131,15 +132,12 @@ def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float
 def test_merge_labels_every_sample_with_its_worker_and_keeps_one_family_per_name() -> None:
     supervisor = CollectorRegistry()
     Counter("demo_worker_restarts", "Restarts", ["worker"], registry=supervisor).labels("1").inc(2)
-    merged = render(
-        merge(
-            [
-                ("0", parse_text(_worker_registry(3, 1))),
-                ("1", parse_text(_worker_registry(5, 2))),
-                (None, parse_text(generate_latest(supervisor))),
-            ]
-        )
-    )
+    sources = [
+        ("0", parse_text(_worker_registry(3, 1))),
+        ("1", parse_text(_worker_registry(5, 2))),
+        (None, parse_text(generate_latest(supervisor))),
+    ]
+    merged = generate_latest(Families(merge(sources)))
     text = merged.decode()
     assert text.count("# TYPE demo_requests_total counter") == 1
     assert text.count("# TYPE demo_seconds histogram") == 1

@@ -20,23 +20,22 @@ another, so samples of different families are not one snapshot; a family's own s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 
-class _Family:
-    """A registry view holding one family already collected (what `generate_latest` reads)."""
+class Families(Collector):
+    """Families already collected or parsed, as a collector (what `generate_latest` and `render`
+    read)."""
 
-    __slots__ = ("_family",)
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
 
-    def __init__(self, family: Metric) -> None:
-        self._family = family
-
-    def collect(self) -> Iterable[Metric]:
-        return (self._family,)
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
 
 
 async def render(registry: Collector) -> bytes:
@@ -44,6 +43,6 @@ async def render(registry: Collector) -> bytes:
     event loop after each family."""
     parts: list[bytes] = []
     for family in registry.collect():  # collecting a family happens in its own turn too
-        parts.append(generate_latest(_Family(family)))
+        parts.append(generate_latest(Families((family,))))
         await asyncio.sleep(0)
     return b"".join(parts)

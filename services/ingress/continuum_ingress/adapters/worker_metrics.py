@@ -19,9 +19,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from continuum_common.config import RouterConfig
+from continuum_common.exposition import Families
 from continuum_common.exposition import render as render_exposition
 from continuum_ingress.metrics import WorkerScrapeMetrics
-from continuum_ingress.protocol.exposition import ExpositionError, Families, families, merge
+from continuum_ingress.protocol.exposition import ExpositionError, families, merge
 from continuum_ingress.workers import SUPERVISOR, WorkerSeat
 
 log = logging.getLogger(__name__)

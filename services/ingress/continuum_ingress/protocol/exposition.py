@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from continuum_common.errors import ContinuumError
@@ -56,18 +54,3 @@ def merge(sources: Iterable[tuple[str | None, Sequence[Metric]]]) -> list[Metric
                     labels = {**labels, LABEL: value}
                 target.samples.append(Sample(sample.name, labels, sample.value, sample.timestamp, sample.exemplar))
     return list(merged.values())
-
-
-class Families(Collector):
-    """Families already collected or parsed, as a collector (what the renderers read)."""
-
-    def __init__(self, families: Sequence[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
-
-
-def render(families: Sequence[Metric]) -> bytes:
-    """The text format (0.0.4) of `families`."""
-    return generate_latest(Families(families))
