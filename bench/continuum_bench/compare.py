@@ -69,6 +69,7 @@ from typing import Any
 import httpx
 
 import continuum_bench.fleet.continuum  # noqa: F401  (registers Continuum's routers)
+from continuum_bench.bytecode import compile_packages
 from continuum_bench.fleet.cpu import cpu_snapshot, cpu_used
 from continuum_bench.fleet.harness import (
     ROUTERS,
@@ -484,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = options(args, argv)
     work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="continuum-compare-"))
     failures: list[dict[str, str]] = []
+    compile_packages()  # as an installed Continuum has them (continuum_bench.bytecode)
     try:
         if base.tokenizer == "hf":
             base = replace(base, hf_tokenizer=train_hf_tokenizer(work_dir / "tokenizer"))

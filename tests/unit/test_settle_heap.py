@@ -24,3 +24,27 @@ def test_settle_heap_freezes_start_up_objects_and_raises_the_young_threshold() -
     out = subprocess.run([sys.executable, "-c", PROBE], check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+FROZEN_IMPORTS = """
+import gc
+from continuum_common.runner import frozen_imports
+with frozen_imports():
+    assert not gc.isenabled()
+    import json.decoder, email.parser  # noqa: F401
+assert gc.isenabled()
+assert gc.get_freeze_count() > 1000, gc.get_freeze_count()
+gc.disable()
+with frozen_imports():
+    pass
+assert not gc.isenabled()  # a collector that was off stays off
+print("ok")
+"""
+
+
+def test_frozen_imports_pause_the_collector_and_freeze_what_they_loaded() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", FROZEN_IMPORTS], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from continuum_bench.bytecode import compile_packages
 from continuum_bench.fleet.report import REQUEST_LOG_HELP
 from continuum_bench.fleet.responses_form import API_FORMS
 from continuum_bench.fleet.runner import WORKLOADS, FleetBenchOptions, report_and_print, run_fleet_bench
@@ -131,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.engines < 1 or opts.time_scale <= 0 or opts.trace_start < 0:
         print("error: --engines must be >= 1, --time-scale > 0 and --trace-start >= 0", file=sys.stderr)
         return 2
+    compile_packages()  # as an installed Continuum has them (continuum_bench.bytecode)
     try:
         if opts.tokenizer == "hf":
             directory = Path(tokenizer_dir) if tokenizer_dir else Path(tempfile.mkdtemp(prefix="continuum-tokenizer-"))

@@ -35,7 +35,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -170,11 +170,11 @@ class IngressApp:
         self.health = HealthChecker(self.holder, self.pool, clock, tick=health_tick)
         self.ready = False
         self._ready_at = 0.0
-        self.fastapi = self._build_fastapi([*self.gemini.admin_routes, *admin_routes])
+        self.starlette = self._build_starlette([*self.gemini.admin_routes, *admin_routes])
         # The forwarding endpoints are dispatched before the framework's middleware stack (a
         # dict lookup instead of ~10 middleware layers per request); everything else - admin,
-        # models, health, metrics, 404/405 bodies, lifespan - goes through FastAPI.
-        self.asgi = HotPaths(self.fastapi, self._forward_endpoints)
+        # models, health, metrics, 404/405 bodies, lifespan - goes through Starlette.
+        self.asgi = HotPaths(self.starlette, self._forward_endpoints)
 
     def is_ready(self) -> bool:
         """Serving (not starting, not draining), with the KV routing state replayed: the KV
@@ -242,14 +242,8 @@ class IngressApp:
             builtin.append(SaltEcho(secret.encode(), self.metrics))
         return builtin
 
-    def _build_fastapi(self, extra_admin_routes: Sequence[BaseRoute]) -> FastAPI:
-        app = FastAPI(
-            title="Continuum router",
-            docs_url=None,
-            redoc_url=None,
-            openapi_url=None,
-            lifespan=self.lifespan,
-        )
+    def _build_starlette(self, extra_admin_routes: Sequence[BaseRoute]) -> Starlette:
+        app = Starlette(lifespan=self.lifespan)
         self._forward_endpoints: dict[str, ForwardEndpoint] = {}
         for path, api in CLIENT_PATHS.items():
             endpoint = ForwardEndpoint(
@@ -332,7 +326,7 @@ class IngressApp:
 class HotPaths:
     """ASGI front: POSTs to a forwarding path go straight to their endpoint."""
 
-    def __init__(self, app: FastAPI, endpoints: Mapping[str, ForwardEndpoint]) -> None:
+    def __init__(self, app: Starlette, endpoints: Mapping[str, ForwardEndpoint]) -> None:
         self.app = app
         self.endpoints = dict(endpoints)
 

@@ -5,9 +5,10 @@ implements it and the composition root (app.py) builds it."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from continuum_common.redis_client import RedisClient
+if TYPE_CHECKING:  # redis-py is imported only where Redis is configured
+    from continuum_common.redis_client import RedisClient
 
 
 class SharedClient(Protocol):

@@ -9,8 +9,8 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from continuum_common.config import load_listener_config, load_router_config, read_yaml, router_warnings
 from continuum_common.errors import ConfigError, ContinuumError
+from continuum_common.runner import frozen_imports
 
 
 def _cmd_config_validate(args: argparse.Namespace) -> int:
@@ -25,6 +25,8 @@ def _cmd_config_validate(args: argparse.Namespace) -> int:
 
 
 def _validate_one(file: str, kind: str) -> int:
+    from continuum_common.config import load_listener_config, load_router_config, read_yaml, router_warnings
+
     try:
         if kind == "auto":
             # The listener's file is the only one with a top-level `sources` list.
@@ -44,11 +46,12 @@ def _validate_one(file: str, kind: str) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from continuum_common.logs import setup_logging
-    from continuum_common.runner import run
-    from continuum_ingress.config_holder import resolve_config_path
-    from continuum_ingress.workers import WorkerSeat
-    from continuum_router.run import serve_forever
+    with frozen_imports():  # the time a restarted router is out of its load balancer
+        from continuum_common.logs import setup_logging
+        from continuum_common.runner import run
+        from continuum_ingress.config_holder import resolve_config_path
+        from continuum_ingress.workers import WorkerSeat
+        from continuum_router.run import serve_forever
 
     path = resolve_config_path(args.config)
     if path is None:
@@ -70,10 +73,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from continuum_common.logs import setup_logging
-    from continuum_common.runner import run
-    from continuum_ingress.config_holder import resolve_config_path
-    from continuum_router.up import up
+    with frozen_imports():
+        from continuum_common.logs import setup_logging
+        from continuum_common.runner import run
+        from continuum_ingress.config_holder import resolve_config_path
+        from continuum_router.up import up
 
     setup_logging("up", args.log_level)
     try:

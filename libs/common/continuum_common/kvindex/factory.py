@@ -3,7 +3,7 @@ the prefix-key index (`open_kv_index`) and the block index (`open_block_index`).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from continuum_common.config.router import RouterConfig
 from continuum_common.errors import ConfigError
@@ -11,7 +11,9 @@ from continuum_common.kvindex.api import KvIndex, KvIndexWriter
 from continuum_common.kvindex.block_memory import InMemoryBlockIndex
 from continuum_common.kvindex.blocks import BlockIndexReader, BlockIndexWriter
 from continuum_common.kvindex.memory import InMemoryKvIndex
-from continuum_common.redis_client import RedisClient
+
+if TYPE_CHECKING:  # redis-py is imported only where Redis is configured: it is a tenth of a start
+    from continuum_common.redis_client import RedisClient
 
 
 class KvIndexStore(KvIndex, KvIndexWriter, Protocol):

@@ -16,11 +16,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from continuum_common.config import RouterConfig
 from continuum_common.config.router import Redis, ResponseCacheRedis
 from continuum_common.errors import ConfigError
-from continuum_common.redis_client import RedisClient, make_redis
+
+if TYPE_CHECKING:
+    from continuum_common.redis_client import RedisClient
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,17 @@ def shared_connection(cfg: RouterConfig) -> Connection | None:
     return ResponseCacheRedis() if cfg.response_cache.backend == "redis" else None
 
 
+def _client_for(conn: Connection | None) -> RedisClient | None:
+    """A client for `conn` (make_redis builds the pool; nothing connects until the first
+    command). redis-py is imported only when a connection is configured: it is about a tenth of
+    a router's start (docs/benchmarks.md, "Start and stop")."""
+    if conn is None:
+        return None
+    from continuum_common.redis_client import make_redis
+
+    return make_redis(conn)
+
+
 def _grace_s(conn: Connection) -> float:
     """How long an old client stays open after a swap: one full command deadline and a margin."""
     return (conn.connect_timeout_ms + conn.command_timeout_ms) / 1000 + 1.0
@@ -47,8 +61,7 @@ class SharedRedis:
 
     def __init__(self, connection: Connection | None) -> None:
         self.connection = connection
-        # make_redis builds the pool; nothing connects until the first command.
-        self.client: RedisClient | None = make_redis(connection) if connection is not None else None
+        self.client: RedisClient | None = _client_for(connection)
         self.generation = 1
         # Called with the new client after a reload swapped it (`client` is already the new one).
         self.on_swap: list[Callable[[RedisClient | None], None]] = []
@@ -69,7 +82,7 @@ class SharedRedis:
         if conn == self.connection:
             return
         try:
-            client = make_redis(conn) if conn is not None else None
+            client = _client_for(conn)
         except ConfigError as exc:
             log.error("redis: new connection settings rejected, keeping the current client: %s", exc)
             return

@@ -14,15 +14,14 @@ to `reload(cfg, redis_client=...)`. `key_prefix` and the fallback fields apply a
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import httpx
 from prometheus_client import CollectorRegistry
 
 from continuum_common.config.router import Redis, ResponseCacheRedis, RouterConfig
 from continuum_common.config.secrets import read_secret
-from continuum_common.redis_client import RedisClient, make_redis
 from continuum_ingress.cache.adapters.embeddings import HttpEmbeddingClient
-from continuum_ingress.cache.adapters.redis_store import RedisCacheStore
 from continuum_ingress.cache.facade import Closable, ResponseCache
 from continuum_ingress.cache.fallback import FallbackCacheStore
 from continuum_ingress.cache.memory import InMemoryCacheStore
@@ -30,6 +29,9 @@ from continuum_ingress.cache.metrics import CacheMetrics
 from continuum_ingress.cache.policy.eligibility import CachePolicy
 from continuum_ingress.cache.semantic import SemanticLayer, SemanticSettings
 from continuum_ingress.cache.store import CacheStore
+
+if TYPE_CHECKING:  # redis-py is imported only with a Redis backend: it is a tenth of a start
+    from continuum_common.redis_client import RedisClient
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,9 @@ def build_response_cache(
     owned: list[Closable] = []
     store: CacheStore
     if rc.backend == "redis":
+        from continuum_common.redis_client import make_redis
+        from continuum_ingress.cache.adapters.redis_store import RedisCacheStore
+
         conn = cfg.redis_connection() or ResponseCacheRedis()
         if redis_client is None:
             redis_client = make_redis(conn)
@@ -170,6 +175,8 @@ def _reload(cache: ResponseCache, cfg: RouterConfig, redis_client: RedisClient |
             fallback_ttl_seconds=opts.fallback_ttl_seconds,
         )
         primary = store.primary
+        from continuum_ingress.cache.adapters.redis_store import RedisCacheStore
+
         if isinstance(primary, RedisCacheStore):
             primary.key_prefix = opts.key_prefix
             primary.capacity = rc.capacity

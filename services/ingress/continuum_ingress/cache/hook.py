@@ -17,7 +17,6 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import Route as HttpRoute
 
 from continuum_common.config import RouterConfig
-from continuum_common.redis_client import RedisClient
 from continuum_ingress.cache.admin import CacheAdmin
 from continuum_ingress.cache.facade import CACHE_OFF, CacheLookup, CacheRequest, ResponseCache, ResponseRecording
 from continuum_ingress.cache.factory import build_response_cache
@@ -26,6 +25,7 @@ from continuum_ingress.protocol.apis import Api
 from continuum_ingress.shared_client import SharedClient
 
 if TYPE_CHECKING:
+    from continuum_common.redis_client import RedisClient
     from continuum_ingress.state import RequestState
 
 ROUTES: dict[Api, Route] = {

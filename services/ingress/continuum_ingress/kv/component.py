@@ -38,6 +38,7 @@ import logging
 import os
 import secrets
 import socket
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -45,9 +46,7 @@ from continuum_common.config import RouterConfig
 from continuum_common.config.kv_index import KvCacheIndex
 from continuum_common.errors import ConfigError
 from continuum_common.kvindex import KvIndex
-from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
 from continuum_common.kvindex.blocks import BlockIndexReader, MatchQuery
-from continuum_common.redis_client import RedisClient
 from continuum_common.wire.decisions import Decision, Tokenized, replica_id
 from continuum_ingress.adapters.nats_link import NatsLink
 from continuum_ingress.kv.adapters.bus import BusReader
@@ -61,6 +60,10 @@ from continuum_ingress.kv.speculative import SpeculativeEntries
 from continuum_ingress.load_share import LoadShare
 from continuum_ingress.policy.kv_scoring import Weights
 from continuum_ingress.shared_client import SharedClient
+
+if TYPE_CHECKING:  # redis-py is imported only with `backend: redis`
+    from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
+    from continuum_common.redis_client import RedisClient
 
 log = logging.getLogger("continuum.ingress.kv")
 
@@ -178,6 +181,8 @@ class KvRouting:
             client = self._owned_redis = make_redis(connection)
         elif shared is not None:
             shared.on_swap.append(self._swap_redis)
+        from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
+
         self.redis_index = RedisKvIndex.from_config(self.section, client)
         self.block_reads.index = _redis_blocks(self.section, client)
         return self.redis_index
@@ -185,6 +190,8 @@ class KvRouting:
     def _swap_redis(self, client: RedisClient | None) -> None:
         if client is None:  # the connection went away from the config: keep reading the old one
             return
+        from continuum_common.kvindex.adapters.redis_index import RedisKvIndex
+
         self.redis_index = RedisKvIndex.from_config(self.section, client)
         self.prefix_scorer.index = self.redis_index
         self.block_reads.index = _redis_blocks(self.section, client)
