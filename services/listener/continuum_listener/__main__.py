@@ -36,10 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         return _print_nats_user(args.config, args.print_nats_user, args.nats_password_var)
     setup_logging("kv-listener", args.log_level)
 
-    from continuum_common.runner import frozen_imports
+    from continuum_common.runner import frozen_imports, run
 
     with frozen_imports():  # a restarting listener misses the engines' events meanwhile
-        from continuum_common.runner import run
         from continuum_listener.app import serve
         from continuum_listener.config import load
         from continuum_listener.errors import ListenerError

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from continuum_common.errors import ConfigError, ContinuumError
-from continuum_common.runner import frozen_imports
+from continuum_common.runner import frozen_imports, run
 
 
 def _cmd_config_validate(args: argparse.Namespace) -> int:
@@ -48,7 +48,6 @@ def _validate_one(file: str, kind: str) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     with frozen_imports():  # the time a restarted router is out of its load balancer
         from continuum_common.logs import setup_logging
-        from continuum_common.runner import run
         from continuum_ingress.config_holder import resolve_config_path
         from continuum_ingress.workers import WorkerSeat
         from continuum_router.run import serve_forever
@@ -75,7 +74,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     with frozen_imports():
         from continuum_common.logs import setup_logging
-        from continuum_common.runner import run
         from continuum_ingress.config_holder import resolve_config_path
         from continuum_router.up import up
 
