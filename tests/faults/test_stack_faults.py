@@ -33,7 +33,9 @@ async def under_load(stack: ProcessStack, before: float, fault: Callable[[], obj
 async def converged(stack: ProcessStack, report: Report, name: str, within: float = 20.0) -> None:
     index, engines = await stack.converged(within)
     report(f"{name}: index blocks {index} / engine hashes {engines}")
-    assert engines and all(index.get(k, 0) == v for k, v in engines.items()), (index, engines)
+    # on failure, what the listener and the indexers logged (epochs, replays, resyncs) says why
+    logs = "".join(f"\n--- {n}\n{stack.tail(n, 15)}" for n in ("listener", *(i.name for i in stack.indexers)))
+    assert engines and all(index.get(k, 0) == v for k, v in engines.items()), (index, engines, logs)
 
 
 async def test_redis_killed_and_restarted(stack: ProcessStack, report: Report) -> None:

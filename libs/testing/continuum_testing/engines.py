@@ -66,7 +66,12 @@ class EnginePublisher:
             self.router = ctx.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
             self.router.setsockopt(zmq.SNDHWM, 0)  # a replay is never cut short by the stand-in
-            self.router.bind(replay_endpoint)
+            try:
+                self.router.bind(replay_endpoint)
+            except zmq.ZMQError:  # leave nothing bound: the caller may try again
+                self.router.close(linger=0)
+                self.pub.close(linger=0)
+                raise
             self._task = asyncio.create_task(self._serve_replay())
 
     async def wait_subscribed(self) -> None:

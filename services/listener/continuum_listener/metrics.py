@@ -33,7 +33,7 @@ CHAIN_EVENTS = frozenset(
 DETOKENIZE_OUTCOMES = frozenset({"determined", "pending", "failed", "unattributable", "queue_full", "cache_hit"})
 EPOCH_REASONS = frozenset({"start", "publisher_restart", "gap", "replay_lost", "resync"})
 BLOCK_KINDS = ("stored", "removed", "cleared")
-REPLAY_OUTCOMES = frozenset({"recovered", "partial", "timeout", "failed"})
+REPLAY_OUTCOMES = frozenset({"recovered", "partial", "timeout", "failed", "restarted"})
 
 
 def _pick(value: str, allowed: frozenset[str]) -> str:

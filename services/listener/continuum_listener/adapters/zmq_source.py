@@ -17,6 +17,13 @@ one applied.
 * seq going backwards (outside a replayed range) → the publisher restarted: new epoch, then the
   same start-up replay.
 
+ZMQ carries no incarnation id, and a restarted engine's seq may pass ours before the listener
+sees one of its batches (or its next batch may carry exactly the seq expected). So every replay
+that follows an applied batch starts at that batch and compares it with what was applied (its
+fingerprint); other bytes, or a buffer that ends before a seq already seen, mean the engine
+restarted: new epoch, then the start-up replay. The SUB reconnecting (an engine back at the same
+address) triggers such a check at once, before the engine publishes anything.
+
 A gap is only visible when a later batch arrives, so batches the PUB dropped at the end of a
 burst would go unnoticed while the engine is quiet. After a gap or a backpressure pause the
 source therefore checks the tail once its SUB queue has been empty for `quiet` seconds (50 ms):
@@ -100,6 +107,10 @@ class Readiness:
             return self._queued()
         return True
 
+    def wake(self) -> None:
+        """End a wait early (the source has something else to do)."""
+        self._ready.set()
+
     def close(self) -> None:
         self._loop.remove_reader(self._fd)
 
@@ -135,6 +146,12 @@ class ZmqSource:
         self.budget = budget
         self.quiet = quiet
         self.seq = SeqTracker()
+        # (seq, fingerprint) of the last batch applied: a replay that reaches that seq again tells
+        # whether the engine behind the address is still the one that published it.
+        self._applied: tuple[int, int] | None = None
+        self.verify_wanted = False  # the SUB reconnected: check the engine's incarnation
+        self._connects = 0
+        self._ready: Readiness | None = None
         self.suspect = False  # the engine's PUB may have dropped batches we have not seen a gap for
 
     def _open(self) -> tuple[zmq.Socket[bytes], zmq.asyncio.Socket]:
@@ -166,7 +183,7 @@ class ZmqSource:
     async def run(self) -> None:
         sub, monitor = self._open()
         watcher = asyncio.create_task(self._watch(monitor))
-        ready = Readiness(sub)
+        ready = self._ready = Readiness(sub)
         try:
             while True:
                 await self._read(sub, ready)
@@ -184,6 +201,9 @@ class ZmqSource:
         if self._blocked():
             self.suspect = True  # while we do not read, the engine's PUB may drop
         await pipeline.wait_room()
+        if self.verify_wanted:
+            self.verify_wanted = False
+            await self._check_tail()
         if pipeline.replay_wanted:
             await self._restate()
         deadline = time.monotonic() + self.budget
@@ -191,6 +211,8 @@ class ZmqSource:
             try:
                 frames = sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
+                if self.verify_wanted:
+                    return
                 if not self.suspect:
                     # wakes now and then for a resync
                     if not await ready.wait(0.5) and self.seq.last is None and not self._quiet_replayed:
@@ -222,12 +244,33 @@ class ZmqSource:
         traffic, the first live batch triggers the same replay). Live copies of replayed
         batches, queued in the SUB meanwhile, are then skipped as duplicates."""
         self._quiet_replayed = True
+        await self._rebuild()
+
+    async def _rebuild(self) -> None:
+        """Replay everything the engine buffers into the current (new) epoch; the live copies of
+        those batches, still queued in the SUB, are then duplicates."""
         if self.source.replay_endpoint is None:
             return
         await self._replay(0, None, fresh=True)
         last = self.seq.last
         if last is not None:
             self.seq.replayed(0, last)
+
+    async def _restarted(self) -> None:
+        """A replay showed that the engine is not the incarnation whose batches were applied."""
+        log.warning("source %s: the engine's replay buffer does not hold what was applied: restart", self.backend)
+        self.pipeline.start_epoch("publisher_restart")
+        self._forget()
+        await self._rebuild()
+
+    def _forget(self) -> None:
+        self.seq.forget()
+        self._applied = None
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        self.seq.advance(seq)
+        self._applied = (seq, hash(payload))
+        self.pipeline.apply_payload(payload)
 
     async def _check_tail(self) -> None:
         self.suspect = False
@@ -238,11 +281,13 @@ class ZmqSource:
         """Replay everything the engine buffers from `start` on (one request catches up a whole
         backlog of drops, rather than one per gap). `live` is the seq of the live batch that
         showed the gap: when the replay did not reach the batch before it, what is missing is
-        counted and a new epoch starts. True when the replay covered `live` itself.
+        counted and a new epoch starts. True when the replay covered `live` itself, and when it
+        showed an engine restart (the new incarnation's buffer was then replayed).
 
         No answer to a tail check (`live` None) proves no loss; a buffer that starts after
         `start` does, and the replay starts a new epoch itself."""
-        await self._replay(start, None, fresh=False)
+        if await self._replay(start, None, fresh=False) == "restarted":
+            return True
         last = self.seq.last
         if last is not None and last >= start:
             self.seq.replayed(start, last)  # live copies still queued in the SUB are duplicates
@@ -268,6 +313,12 @@ class ZmqSource:
         while True:
             event = parse_monitor_message(await monitor.recv_multipart())["event"]
             if event in _CONNECT_EVENTS:
+                self._connects += 1
+                if self._connects > 1:
+                    # A reconnect: the engine may have restarted behind the same address.
+                    self.verify_wanted = True
+                    if self._ready is not None:
+                        self._ready.wake()
                 peers += 1
                 self.pipeline.stats.reconnects += 1
                 self.metrics.reconnects.labels(self.backend).inc()
@@ -292,19 +343,27 @@ class ZmqSource:
         if decision.action is SeqAction.RESTART:
             log.warning("source %s: publisher seq went back to %d: restart", self.backend, frame.seq)
             self.pipeline.start_epoch("publisher_restart")
-            self.seq.forget()
+            self._forget()
         if decision.action is SeqAction.GAP:
             self.suspect = True  # the PUB is dropping: more may be missing after the last one seen
             if await self._catch_up(decision.missing_from, frame.seq):
                 return  # the replay reached past this batch: it is applied already
-        elif decision.action is not SeqAction.APPLY and frame.seq > 0:
-            await self._replay(0, frame.seq, fresh=True)  # JOIN, or RESTART past seq 0
-        self.seq.advance(frame.seq)
-        self.pipeline.apply_payload(frame.payload)
+        elif (  # JOIN, or RESTART past seq 0
+            decision.action is not SeqAction.APPLY
+            and frame.seq > 0
+            and await self._replay(0, frame.seq, fresh=True) == "restarted"
+        ):
+            return  # this batch's engine is gone; its successor's buffer was replayed
+        self._apply(frame.seq, frame.payload)
 
-    async def _replay(self, start: int, end: int | None, *, fresh: bool) -> bool:
+    async def _replay(self, start: int, end: int | None, *, fresh: bool) -> str:
         """Apply batches [start, end) from the replay socket (`end` None: everything the engine
-        has from `start` on). True when all were recovered.
+        has from `start` on). Returns the outcome: recovered, partial, timeout, failed, or
+        restarted (the engine is a new incarnation: a new epoch holds its buffer then).
+
+        The request starts at the last batch applied, when there is one before `end`: its copy
+        in the engine's buffer is compared with it, and a copy with other bytes, or a buffer
+        that ends before it or before `end` (seqs this listener has seen), shows a restart.
 
         `fresh`: nothing is tracked yet (start-up or restart), so a partial history is still
         useful and never forces a new epoch."""
@@ -314,7 +373,10 @@ class ZmqSource:
                 self.metrics.replay(self.backend, "failed")
                 if end is not None:
                     self.pipeline.drop("replay_lost", end - start)
-            return fresh
+            return "recovered" if fresh else "failed"
+        check = self._applied
+        if check is not None and end is not None and check[0] >= end:
+            check = None
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         # Unbounded: the replay is bounded by the engine's buffer, and replies must wait here
@@ -322,22 +384,26 @@ class ZmqSource:
         dealer.setsockopt(zmq.RCVHWM, 0)
         try:
             dealer.connect(endpoint)
-            await dealer.send_multipart(replay_request(start))
-            expected, outcome, fresh = await self._apply_replies(dealer, start, end, fresh)
+            await dealer.send_multipart(replay_request(start if check is None else min(start, check[0])))
+            expected, outcome, fresh = await self._apply_replies(dealer, start, end, fresh, check)
         finally:
             dealer.close(linger=0)
+        if outcome == "restarted":
+            self.metrics.replay(self.backend, outcome)
+            await self._restarted()
+            return outcome
         if end is not None and expected < end:
             self.pipeline.drop("replay_lost", end - expected)
             if outcome == "recovered":
                 outcome = "failed"
         self.metrics.replay(self.backend, outcome)
-        return outcome == "recovered" or (fresh and outcome == "partial")
+        return outcome
 
     async def _apply_replies(
-        self, dealer: zmq.asyncio.Socket, start: int, end: int | None, fresh: bool
+        self, dealer: zmq.asyncio.Socket, start: int, end: int | None, fresh: bool, check: tuple[int, int] | None
     ) -> tuple[int, str, bool]:
         """Read replies until `end` or the end marker; returns (next expected seq, outcome,
-        fresh)."""
+        fresh). `check`: the (seq, fingerprint) of the last batch applied, to compare."""
         expected, outcome = start, "recovered"
         deadline = time.monotonic() + self.max_replay_seconds
         yield_at = time.monotonic() + self.budget
@@ -355,7 +421,14 @@ class ZmqSource:
                 self.pipeline.drop(exc.reason)
                 continue
             if item is None:
+                # The engine's newest batch is older than one already seen here: it restarted.
+                if check is not None or (end is not None and expected < end):
+                    outcome = "restarted"
                 break
+            if check is not None and item.seq >= check[0]:
+                if item.seq == check[0] and hash(item.payload) != check[1]:
+                    return expected, "restarted", fresh
+                check = None  # the same engine (or its buffer no longer holds the batch: the gap rules judge)
             if item.seq < expected:
                 continue
             if item.seq > expected:
@@ -368,7 +441,6 @@ class ZmqSource:
                 expected = item.seq
                 if end is not None and expected >= end:
                     break
-            self.seq.advance(item.seq)
-            self.pipeline.apply_payload(item.payload)
+            self._apply(item.seq, item.payload)
             expected = item.seq + 1
         return expected, outcome, fresh
