@@ -44,3 +44,22 @@ def test_no_room_outside_the_range_falls_back_to_the_os(tmp_path: Path, monkeypa
     monkeypatch.setattr(procs, "_EPHEMERAL_RANGE_FILE", range_file)
     port = free_port()
     assert 1024 <= port <= 65_535 and port_is_free(port)
+
+
+async def test_the_nats_readiness_probe_is_refused_at_once_while_nothing_listens(tmp_path: Path) -> None:
+    # nats-py keeps retrying a refused first connect, so a probe that asked it first ran into
+    # its own 2-s bound on every start that probed before the server listened; the plain TCP
+    # connect in front of it is refused at once, and start() probes again 50 ms later.
+    server = procs.NatsServer(data_dir=tmp_path, port=free_port())
+    with pytest.raises(ConnectionRefusedError):
+        await server.wait_ready()
+
+
+async def test_a_second_nats_server_in_one_process_is_ready_through_the_probe(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        server = procs.NatsServer(data_dir=tmp_path / name)
+        await server.start()
+        try:
+            await server.wait_ready()
+        finally:
+            await server.close()

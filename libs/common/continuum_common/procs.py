@@ -288,6 +288,14 @@ class NatsServer(ManagedProcess):
     async def wait_ready(self) -> None:
         import nats
 
+        # A plain TCP connect first: it is refused at once while the server is not listening yet,
+        # where nats-py keeps retrying a refused first connect until the bound below (2 s that
+        # every start used to wait, since the first probe comes right after the spawn).
+        _, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), 1.0)
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
         async def quiet(_exc: Exception) -> None:
             return None  # refusals are expected until the server listens; start() reports failure
 
