@@ -178,7 +178,11 @@ async def test_a_terminal_hang_up_stops_up_cleanly(tmp_path: Path) -> None:
         output.hang_up()  # closing the terminal: the kernel sends SIGHUP to `up`
         async with asyncio.timeout(30):
             code = await proc.wait()
-        assert code == 0
+        # what `up` said after the terminal was gone (why it stopped, and any error) is kept
+        kept = state / "up-after-hangup.log"
+        said = kept.read_text(errors="replace") if kept.exists() else ""
+        assert code == 0, said[-4000:]
+        assert "the terminal is gone (SIGHUP): stopping" in said
         alive, listening = await wait_all_gone(list(children.values()), ports, limit=5)
         assert alive == [] and listening == [], f"left running: pids {alive}, ports {listening}"
         assert not (state / "up.lock").exists()

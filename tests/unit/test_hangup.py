@@ -83,3 +83,30 @@ def test_under_nohup_every_sighup_is_a_reload(pipe: Pipe) -> None:
     pipe.close_read()
     assert watch.hangups_ignored
     assert not watch.lost()
+
+
+_DETACH = (
+    "import sys; from continuum_router.hangup import detach_std_streams; "
+    "detach_std_streams(sys.argv[1] or None); print('out'); print('err', file=sys.stderr); "
+    "print(repr(sys.stdin.read()))"
+)
+
+
+@pytest.mark.parametrize("to_file", [True, False])
+def test_detached_streams_write_to_the_file_or_nowhere(tmp_path: Path, to_file: bool) -> None:
+    """After a lost terminal stdout and stderr go to the given file (appended), stdin reads
+    nothing; without a file, or with one that cannot be opened, everything goes to /dev/null
+    and writing still succeeds."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "after.log"
+    target.write_text("before\n")
+    given = str(target) if to_file else str(tmp_path / "no-such-dir" / "after.log")
+    done = subprocess.run(
+        [sys.executable, "-c", _DETACH, given], input=b"typed", capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"" and done.stderr == b""
+    expected = "before\nout\nerr\n''\n" if to_file else "before\n"
+    assert target.read_text() == expected

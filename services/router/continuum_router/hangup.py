@@ -87,12 +87,23 @@ class TerminalWatch:
         return any(_reader_gone(fd) for fd in self.pipe_fds)
 
 
-def detach_std_streams() -> None:
-    """Point stdin/stdout/stderr at /dev/null: after the terminal is gone, writes to it fail,
-    and the shutdown's log lines (and the interpreter's final flush) must not."""
+def detach_std_streams(output: str | os.PathLike[str] | None = None) -> None:
+    """Point stdin at /dev/null and stdout/stderr at `output` (appended; /dev/null when None or
+    when it cannot be opened): after the terminal is gone, writes to it fail, and the
+    shutdown's log lines (and the interpreter's final flush) must not. A file keeps what the
+    shutdown says, an error included, for the operator who closed the terminal."""
     null = os.open(os.devnull, os.O_RDWR)
+    out = null
+    if output is not None:
+        try:
+            out = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError:
+            out = null
     try:
-        for fd in _STD_FDS:
-            os.dup2(null, fd)
+        os.dup2(null, 0)
+        for fd in _OUTPUT_FDS:
+            os.dup2(out, fd)
     finally:
+        if out != null:
+            os.close(out)
         os.close(null)

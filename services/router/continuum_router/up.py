@@ -55,6 +55,7 @@ from continuum_sim import SimFleet
 log = logging.getLogger(__name__)
 
 STATE_DIR = Path(".continuum")
+HANGUP_LOG = "up-after-hangup.log"  # in the state directory: the output once the terminal is gone
 DEMO_PORT = 8080
 # After a SIGHUP taken for a reload, look at the terminal once more: the hang-up that closes a
 # terminal also ends the other processes of the pipeline `up` writes to, a moment later.
@@ -165,8 +166,9 @@ def _listen(config: RouterConfig | None, host: str | None, port: int | None) -> 
         return bind_tcp(bind_host, 0, backlog=LISTEN_BACKLOG)
 
 
-def _install_signals(stop: asyncio.Event, reloaders: list[Callable[[], object]]) -> None:
-    """SIGINT/SIGTERM stop; SIGHUP reloads, or stops when the terminal is gone (hangup.py)."""
+def _install_signals(stop: asyncio.Event, reloaders: list[Callable[[], object]], state_dir: Path) -> None:
+    """SIGINT/SIGTERM stop; SIGHUP reloads, or stops when the terminal is gone (hangup.py):
+    the output then goes to HANGUP_LOG in the state directory."""
     watch = TerminalWatch()  # before our handler replaces a SIGHUP that nohup set to ignore
     loop = asyncio.get_running_loop()
     install_stop_signals(stop)
@@ -174,7 +176,9 @@ def _install_signals(stop: asyncio.Event, reloaders: list[Callable[[], object]])
     def terminal_gone() -> bool:
         if not watch.lost():
             return False
-        detach_std_streams()  # nobody reads them any more; the shutdown must not fail writing
+        # nobody reads the terminal any more: the shutdown must not fail writing, and what it
+        # says (an error included) is kept for whoever closed the terminal
+        detach_std_streams(state_dir / HANGUP_LOG)
         log.warning("the terminal is gone (SIGHUP): stopping")
         stop.set()
         return True
@@ -223,7 +227,7 @@ async def up(
     stop = stop or asyncio.Event()
     reloaders: list[Callable[[], object]] = []
     if on_ready is None:
-        _install_signals(stop, reloaders)
+        _install_signals(stop, reloaders, state_dir)
     _make_dir(state_dir)
     async with contextlib.AsyncExitStack() as stack:
         lock = await stack.enter_async_context(holding(state_dir))
