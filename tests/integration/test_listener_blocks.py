@@ -341,9 +341,11 @@ async def test_an_engine_restarted_at_the_same_address_is_told_apart_by_its_buff
         for i in range(published_before):  # never seen live
             new.skip(one(100 + i))
         await new.wait_subscribed()
+        # the reconnect alone, before any live batch: the old blocks go, the new buffer comes
+        replayed = set(range(100, 100 + published_before))
+        await wait_for(lambda: resident(sink.batches) == replayed, "the restart seen on reconnect")
         await new.send(one(200))
-        expected = {*range(100, 100 + published_before), 200}
-        await wait_for(lambda: resident(sink.batches) == expected, "the new incarnation alone")
+        await wait_for(lambda: resident(sink.batches) == {*replayed, 200}, "the new incarnation alone")
         assert pipeline.sequencer.epoch > first_epoch
         sample = pipeline.metrics.sample
         assert sample("continuum_kv_listener_epochs_total", {"backend": "b", "reason": "publisher_restart"}) == 1
