@@ -230,44 +230,6 @@ class Batches:
         self.batches.append(batch)
 
 
-async def test_the_tail_of_a_burst_comes_back_without_a_later_batch() -> None:
-    ctx = zmq.asyncio.Context()
-    port, replay_port = free_port(), free_port()
-    source = ListenerSource(
-        backend_name="b", engine="vllm", zmq_endpoint=f"tcp://127.0.0.1:{port}", topic="kv-events",
-        replay_endpoint=f"tcp://127.0.0.1:{replay_port}", block_size=16,
-    )  # fmt: skip
-    sink = Batches()
-    pipeline = SourcePipeline(source, PipelineSettings(Limits(), 0.0, 1024, None), ListenerMetrics(["b"]), [],
-                              block_sink=sink)  # fmt: skip
-    pipeline.start_epoch("start")
-    engine = EnginePublisher(ctx, f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}")
-    task = asyncio.create_task(ZmqSource(ctx, source, pipeline, quiet=1.0).run())
-    try:
-        await engine.wait_subscribed()
-        for i in range(3):
-            await engine.send(batch([stored([i], None, [1] * 16, 16)]))
-        engine.skip(batch([stored([3], None, [1] * 16, 16)]))  # dropped by the PUB
-        await engine.send(batch([stored([4], None, [1] * 16, 16)]))  # the gap shows: replayed
-        await wait_for(lambda: stored_hashes(sink.batches) == [0, 1, 2, 3, 4], "the gap replayed")
-        for i in (5, 6, 7):  # the burst's tail: dropped too, and no later batch shows it
-            engine.skip(batch([stored([i], None, [1] * 16, 16)]))
-        await wait_for(lambda: stored_hashes(sink.batches) == list(range(8)), "the tail checked")
-        assert engine.replay_requests == [2, 4]  # each from the last batch applied, to compare it
-        # Live copies of replayed batches (still on their way) are duplicates, not a restart.
-        await engine.send(b"", frames=[b"kv-events", (6).to_bytes(8, "big"), batch([stored([6], None, [1] * 16, 16)])])
-        await engine.send(batch([stored([8], None, [1] * 16, 16)]))
-        await wait_for(lambda: stored_hashes(sink.batches) == list(range(9)), "the next live batch")
-        assert {b.source_epoch for b in sink.batches} == {pipeline.sequencer.epoch}
-        assert pipeline.stats.dropped == 0
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await engine.close()
-        ctx.destroy(linger=0)
-
-
 def resident(batches: list[KvBatch]) -> set[int]:
     """The blocks a consumer applying `batches` in order ends up holding."""
     held: set[int] = set()
@@ -283,9 +245,11 @@ def resident(batches: list[KvBatch]) -> set[int]:
 
 
 @contextlib.asynccontextmanager
-async def direct_source() -> AsyncIterator[tuple[SourcePipeline, Batches, Callable[[], Awaitable[EnginePublisher]]]]:
+async def direct_source(
+    quiet: float = 0.05,
+) -> AsyncIterator[tuple[SourcePipeline, Batches, Callable[[], Awaitable[EnginePublisher]]]]:
     """A ZMQ source whose block batches land in a list, and a factory of engines on its address
-    (each call a new incarnation: new sockets, seq from 0)."""
+    (each call a new incarnation: new sockets, seq from 0). `quiet`: the tail check's wait."""
     ctx = zmq.asyncio.Context()
     port, replay_port = free_port(), free_port()
     endpoint, replay = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}"
@@ -307,7 +271,7 @@ async def direct_source() -> AsyncIterator[tuple[SourcePipeline, Batches, Callab
                 except zmq.ZMQError:
                     await asyncio.sleep(0.02)
 
-    task = asyncio.create_task(ZmqSource(ctx, source, pipeline).run())
+    task = asyncio.create_task(ZmqSource(ctx, source, pipeline, quiet=quiet).run())
     try:
         yield pipeline, sink, engine
     finally:
@@ -321,6 +285,27 @@ async def direct_source() -> AsyncIterator[tuple[SourcePipeline, Batches, Callab
 
 def one(block: int) -> bytes:
     return batch([stored([block], None, [1] * 16, 16)])
+
+
+async def test_the_tail_of_a_burst_comes_back_without_a_later_batch() -> None:
+    async with direct_source(quiet=1.0) as (pipeline, sink, make_engine):
+        engine = await make_engine()
+        await engine.wait_subscribed()
+        for i in range(3):
+            await engine.send(one(i))
+        engine.skip(one(3))  # dropped by the PUB
+        await engine.send(one(4))  # the gap shows: replayed
+        await wait_for(lambda: stored_hashes(sink.batches) == [0, 1, 2, 3, 4], "the gap replayed")
+        for i in (5, 6, 7):  # the burst's tail: dropped too, and no later batch shows it
+            engine.skip(one(i))
+        await wait_for(lambda: stored_hashes(sink.batches) == list(range(8)), "the tail checked")
+        assert engine.replay_requests == [2, 4]  # each from the last batch applied, to compare it
+        # Live copies of replayed batches (still on their way) are duplicates, not a restart.
+        await engine.send(b"", frames=[b"kv-events", (6).to_bytes(8, "big"), one(6)])
+        await engine.send(one(8))
+        await wait_for(lambda: stored_hashes(sink.batches) == list(range(9)), "the next live batch")
+        assert {b.source_epoch for b in sink.batches} == {pipeline.sequencer.epoch}
+        assert pipeline.stats.dropped == 0
 
 
 @pytest.mark.parametrize("published_before", [5, 7])
