@@ -83,6 +83,7 @@ from continuum_bench.fleet.harness import (
     router_urls,
     wait_until,
 )
+from continuum_bench.fleet.legs import legs_table
 from continuum_bench.fleet.pinning import CpuSplit, kept_pinned, parse_cpus, split_cpus
 from continuum_bench.fleet.report import REQUEST_LOG_HELP, markdown_row
 from continuum_bench.fleet.responses_form import API_FORMS
@@ -533,6 +534,12 @@ def write_summary(
         text += (
             "\nInside the ingress, streamed requests up to their first chunk (means; the router's own /metrics,"
             ' docs/ingress.md "Where a request\'s time goes"):\n\n' + timing
+        )
+    legs = legs_table(reports)
+    if legs:
+        text += (
+            "\nTime to first token leg by leg, p50 / mean in ms, real time (the client's and the engines' stamps"
+            ' joined by request id, docs/sim-engine.md "What is reported"):\n\n' + legs
         )
     restarts = restart_table(reports)
     if restarts:

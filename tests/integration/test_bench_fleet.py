@@ -69,6 +69,11 @@ def test_bench_fleet_direct_round_robin(workload: str, tmp_path: Path) -> None:
     first = engine_ttft["engine_first_chunk_mean"]
     assert engine_ttft["mean"] < first <= res["ttft_s"]["mean"], "the first chunk leaves after the engine's TTFT"
     assert engine_ttft["router_own_mean"] == pytest.approx(res["ttft_s"]["mean"] - first)
+    legs = report["legs"]  # every request joined with its engine's stamps, its TTFT split in four
+    assert legs["joined"] == res["requests"] and legs["not_joined"] == 0
+    assert all(legs[leg]["p50"] >= 0 for leg in ("to_engine", "body", "back")) and legs["engine"]["p50"] > 0
+    total_ms = sum(legs[leg]["mean"] for leg in ("to_engine", "body", "engine", "back"))
+    assert total_ms == pytest.approx(res["ttft_s"]["mean"] * report["time_scale"] * 1000, rel=0.01, abs=0.01)
     assert (tmp_path / "run.png").stat().st_size > 1000
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import AsyncIterator
 
 import anthropic
@@ -345,3 +346,27 @@ async def test_full_waiting_queue_answers_503() -> None:
         busy = next(r for r in responses if r.status_code == 503)
         assert busy.json()["error"]["type"] == "ServiceUnavailableError"
         assert (await client.post("/v1/completions", json={"prompt": "after", "max_tokens": 2})).status_code == 200
+
+
+async def test_request_times_stamp_requests_that_carry_an_id(http: httpx.AsyncClient) -> None:
+    """GET /sim/request-times: the stamps of each streamed request sent with an `x-request-id`,
+    in order on the host's monotonic clock; reading them clears them; no id, no record."""
+    await http.get("/sim/request-times")  # whatever earlier tests left
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Time me."}],
+        "max_tokens": 5,
+        "stream": True,
+    }
+    before = time.monotonic()
+    async with http.stream("POST", "/v1/chat/completions", json=body, headers={"x-request-id": "bench-1"}) as resp:
+        assert resp.status_code == 200
+        await resp.aread()
+    after = time.monotonic()
+    await http.post("/v1/chat/completions", json={**body, "stream": False})  # no id: not recorded
+    got = (await http.get("/sim/request-times")).json()
+    assert got["dropped"] == 0 and [r["id"] for r in got["requests"]] == ["bench-1"]
+    stamps = got["requests"][0]
+    order = [stamps[k] for k in ("head", "arrived", "submitted", "first_chunk", "first_content")]
+    assert before <= order[0] and order == sorted(order) and order[-1] <= after
+    assert (await http.get("/sim/request-times")).json() == {"requests": [], "dropped": 0}

@@ -33,6 +33,7 @@ preparation ran past its time goes out at once and is counted in `late_sends`.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -44,6 +45,7 @@ import httpx
 import orjson
 
 from continuum_bench.fleet.ideal import IdealCache
+from continuum_bench.fleet.legs import Legs
 from continuum_bench.fleet.responses_form import (
     StoredTurn,
     event_response_id,
@@ -89,6 +91,11 @@ class RequestResult:
     # The backend the router says it chose (Continuum's `x-continuum-backend` answer header);
     # None from routers that do not say.
     backend: str | None = None
+    # The `x-request-id` it was sent with, and when (time.monotonic(), the clock the simulated
+    # engines stamp requests with: legs.py joins the two)
+    request_id: str | None = None
+    sent_clock: float | None = None
+    legs: Legs | None = None  # its TTFT split with the engine's stamps, after the run
 
 
 class Progress:
@@ -160,6 +167,8 @@ class Driver:
         self._drained = asyncio.Event()
         self._counter = 0
         self._t0 = 0.0
+        self._ids = f"bench-{os.getpid():x}-{time.monotonic_ns():x}"  # unique per run, never reused
+        self._sent = 0
         self.prepare_ahead = prepare_ahead
         self.late_sends = 0  # requests sent more than LATE_AFTER after their time
         self._worker: ThreadPoolExecutor | None = None
@@ -289,6 +298,8 @@ class Driver:
             body = {"model": self.model, **request.body, "stream": True, "stream_options": {"include_usage": True}}
         # Submitted now, so the ideal cache sees the sends and answers in the order they happened.
         ideal_hit = self._submit(self._ideal_send, request.prompt_ids)
+        self._sent += 1
+        request_id = f"{self._ids}-{self._sent}"
         sent = time.monotonic()
         self.progress.in_flight += 1
         self.progress.update()
@@ -297,7 +308,9 @@ class Driver:
         routed: list[str] = []  # the chosen backend, when the router names it
         try:
             async with asyncio.timeout(self.request_timeout):
-                text, ttft, usage, response_id = await self._stream(client, base + path, body, form, sent, routed)
+                text, ttft, usage, response_id = await self._stream(
+                    client, base + path, body, form, sent, routed, request_id
+                )
         except (httpx.HTTPError, TimeoutError, ValueError, KeyError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
         end = time.monotonic()
@@ -321,6 +334,8 @@ class Driver:
             ideal_hit_tokens=0,  # filled in after the run
             replica=replica,
             backend=routed[0] if routed else None,
+            request_id=request_id,
+            sent_clock=sent,
         )
         self._ideal_hits.append((result, ideal_hit))
         self.results.append(result)
@@ -330,13 +345,20 @@ class Driver:
         return result, text
 
     async def _stream(
-        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], api: str, sent: float, routed: list[str]
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        body: dict[str, Any],
+        api: str,
+        sent: float,
+        routed: list[str],
+        request_id: str,
     ) -> tuple[str, float | None, dict[str, Any], str | None]:
         parts: list[str] = []
         ttft: float | None = None
         usage: dict[str, Any] = {}
         response_id: str | None = None
-        async with client.stream("POST", url, json=body) as resp:
+        async with client.stream("POST", url, json=body, headers={"x-request-id": request_id}) as resp:
             if backend := resp.headers.get(BACKEND_HEADER):
                 routed.append(backend)
             if resp.status_code != 200:

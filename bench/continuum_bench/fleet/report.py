@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,8 @@ def request_lines(results: Sequence[RequestResult], scale: float) -> list[dict[s
             "ideal_hit_tokens": r.ideal_hit_tokens, "completion_tokens": r.completion_tokens,
             "ttft": None if r.ttft is None else round(r.ttft / scale, 6),
             "e2e": None if r.e2e is None else round(r.e2e / scale, 6),
+            # real milliseconds, as the client and the engine stamped them (fleet/legs.py)
+            "legs_ms": None if r.legs is None else {k: round(v * 1000.0, 3) for k, v in asdict(r.legs).items()},
         })  # fmt: skip
     return out
 

@@ -18,6 +18,8 @@ import yaml
 from continuum_bench.fleet.conversations import ConversationShape, ConversationsWorkload
 from continuum_bench.fleet.driver import Driver, Progress, RequestResult
 from continuum_bench.fleet.ideal import IdealCache
+from continuum_bench.fleet.legs import fetch_times, legs_of
+from continuum_bench.fleet.legs import summarize as summarize_legs
 from continuum_bench.fleet.report import MD_HEADER, markdown_row, summarize, write_outputs
 from continuum_bench.fleet.scrape import reset_all, scrape_all
 from continuum_bench.fleet.tokens import HfTokenizerFiles, Texts, TokenCodec, make_codec
@@ -298,6 +300,7 @@ async def run_fleet_bench(
         async with httpx.AsyncClient() as http:
             if opts.reset:
                 await reset_all(http, urls)
+            await fetch_times(http, urls)  # forget the stamps of anything sent before the run
             before = await scrape_all(http, urls)
             sampling = asyncio.create_task(sampler.run())
             if before_run is not None:
@@ -310,6 +313,7 @@ async def run_fleet_bench(
             duration = time.monotonic() - start
             await asyncio.sleep(0.05)  # let the engines publish the last step's counters
             after = await scrape_all(http, urls)
+            stamps = await fetch_times(http, urls)
             sampler.sample()
     deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
     summary = summarize(
@@ -336,9 +340,24 @@ async def run_fleet_bench(
         "rss_mb": sampler.summary(),
         "late_sends": driver.late_sends,
     }
+    report["legs"] = join_legs(results, stamps)
     if driver.interruption is not None:
         report["restart"] = restart_summary(results, *driver.interruption)
     return report, results
+
+
+def join_legs(results: list[RequestResult], stamps: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each streamed request's TTFT split with its engine's stamps (fleet/legs.py), kept on the
+    result for the request log; the report gets the legs' means and percentiles."""
+    unmatched = 0
+    for r in results:
+        times = stamps.get(r.request_id or "")
+        if times is None or r.sent_clock is None or r.ttft is None:
+            unmatched += 1
+            continue
+        r.legs = legs_of(r.sent_clock, r.sent_clock + r.ttft, times)
+        unmatched += r.legs is None
+    return summarize_legs((r.legs for r in results if r.legs is not None), unmatched)
 
 
 def _restarter(

@@ -2,7 +2,8 @@
 
 Routes: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/messages, /tokenize,
 /detokenize, /reset_prefix_cache, /sim/reset (the simulator's own: as a fresh engine); GET /v1/models,
-/health, /version, /metrics, /v1/responses/{id}, /v1/responses/{id}/input_items; DELETE /v1/responses/{id}.
+/health, /version, /metrics, /sim/request-times (the simulator's own: per-request stamps for
+benchmarks), /v1/responses/{id}, /v1/responses/{id}/input_items; DELETE /v1/responses/{id}.
 Bad input gets vLLM's error object (`{"error": {message, type, param, code}}`) or, on
 /v1/messages, Anthropic's; the engine keeps serving. A client that disconnects mid-request
 aborts it, which frees its KV blocks. /v1/responses keeps finished responses in a bounded
@@ -50,6 +51,7 @@ from continuum_sim.protocol.requests import (
     tokenize_request,
 )
 from continuum_sim.protocol.response_store import ResponseStore
+from continuum_sim.request_times import RequestTimes, TimeLog
 
 log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
@@ -93,13 +95,29 @@ class EngineApi:
         self.served = served_models
         self.responses_store = responses_store
         self.created = r.now()
+        self.times = TimeLog()  # per-request stamps for benchmarks (GET /sim/request-times)
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _submit(self, ids: list[int], params: GenerateParams, arrived: float) -> RequestHandle:
+    def _submit(
+        self, ids: list[int], params: GenerateParams, arrived: float, times: RequestTimes | None = None
+    ) -> RequestHandle:
         handle = self.engine.submit(ids, max_tokens=params.max_tokens, cache_salt=params.cache_salt, seed=params.seed)
         self._front(arrived)
+        if times is not None:
+            times.submitted = time.monotonic()
         return handle
+
+    def _timed(self, request: Request) -> RequestTimes | None:
+        """Start the request's stamps when it carries an `x-request-id` (its handler began now)."""
+        return self.times.start(request.headers.get("x-request-id"), time.monotonic())
+
+    @staticmethod
+    def _arrived(times: RequestTimes | None) -> float:
+        """The body in hand, as vLLM stamps a request's arrival (perf_counter, for the metrics)."""
+        if times is not None:
+            times.arrived = time.monotonic()
+        return time.perf_counter()
 
     def _front(self, arrived: float) -> None:
         """Record the time before the engine's clock started (`arrived`: perf_counter())."""
@@ -118,15 +136,28 @@ class EngineApi:
     def _usage(self, handle: RequestHandle) -> dict[str, Any]:
         return r.usage(handle.prompt_tokens, len(handle.output_token_ids), handle.cached_tokens)
 
-    def _stream(self, chunks: AsyncIterator[bytes], handle: RequestHandle, arrived: float) -> StreamingResponse:
+    def _stream(
+        self,
+        chunks: AsyncIterator[bytes],
+        handle: RequestHandle,
+        arrived: float,
+        times: RequestTimes | None = None,
+        content_at: int = 0,
+    ) -> StreamingResponse:
+        """`content_at`: which chunk carries the first content (a chat stream's role chunk comes first)."""
+
         async def body() -> AsyncIterator[bytes]:
-            first = True
+            sent = 0
             try:
                 async for chunk in chunks:
+                    if times is not None and sent <= content_at:  # stamped as handed over, before its write
+                        now = time.monotonic()
+                        times.first_chunk = times.first_chunk or now
+                        times.first_content = now
                     yield chunk
-                    if first:  # handed to the server: what a client can see next, however busy this loop is
+                    sent += 1
+                    if sent == 1:  # handed to the server: what a client can see next, however busy this loop is
                         self.engine.metrics.first_chunk.observe(time.perf_counter() - arrived)
-                        first = False
             finally:
                 if not handle.finished:
                     self.engine.abort(handle)
@@ -150,8 +181,9 @@ class EngineApi:
     # -- OpenAI chat / completions ----------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
+        times = self._timed(request)
         body = await read_json(request)
-        arrived = time.perf_counter()  # the body in hand, as vLLM stamps a request's arrival
+        arrived = self._arrived(times)
         params = self._params(body)
         messages = chat_messages(body)
         text = self.codec.render_chat(
@@ -160,9 +192,9 @@ class EngineApi:
             continue_final_message=body.get("continue_final_message") is True,
         )
         prompt_ids = await self.prompts.encode(text, add_special_tokens=False)
-        handle = self._submit(prompt_ids, params, arrived)
+        handle = self._submit(prompt_ids, params, arrived, times)
         if params.stream:
-            return self._stream(self._chat_events(handle, params, prompt_ids), handle, arrived)
+            return self._stream(self._chat_events(handle, params, prompt_ids), handle, arrived, times, content_at=1)
         tokens = await self._finish(handle)
         rid = r.new_id("chatcmpl-")
         ids = (prompt_ids, list(tokens)) if params.token_ids else None
@@ -197,17 +229,18 @@ class EngineApi:
         yield r.SSE_DONE
 
     async def completions(self, request: Request) -> Response:
+        times = self._timed(request)
         body = await read_json(request)
-        arrived = time.perf_counter()  # the body in hand, as vLLM stamps a request's arrival
+        arrived = self._arrived(times)
         params = self._params(body)
         prompt = completion_prompt(body)
         if isinstance(prompt, str):
             ids = await self.prompts.encode(prompt, add_special_tokens=True)
         else:
             ids = self._check_ids(prompt)
-        handle = self._submit(ids, params, arrived)
+        handle = self._submit(ids, params, arrived, times)
         if params.stream:
-            return self._stream(self._completion_events(handle, params, ids), handle, arrived)
+            return self._stream(self._completion_events(handle, params, ids), handle, arrived, times)
         tokens = await self._finish(handle)
         rid = r.new_id("cmpl-")
         both = (ids, list(tokens)) if params.token_ids else None
@@ -409,6 +442,11 @@ class EngineApi:
     async def metrics(self, _request: Request) -> Response:
         return Response(self.engine.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def request_times(self, _request: Request) -> Response:
+        """The stamps of the chat and completion requests that carried an `x-request-id` since the
+        last call (docs/sim-engine.md, "HTTP API"); reading clears them."""
+        return json_response(self.times.drain())
+
 
 def build_app(engine: SimEngine, prompts: PromptTokens, served_models: list[str] | None = None) -> FastAPI:
     """`prompts`: the engine's prompt tokenizer (its owner closes it)."""
@@ -431,6 +469,7 @@ def build_app(engine: SimEngine, prompts: PromptTokens, served_models: list[str]
         "/health": api.health,
         "/version": api.version,
         "/metrics": api.metrics,
+        "/sim/request-times": api.request_times,
         "/v1/responses/{response_id}": _guard(api.retrieve_response),
         "/v1/responses/{response_id}/input_items": _guard(api.response_input_items),
     }
