@@ -43,14 +43,17 @@ class Recording(asyncio.Transport):
 
 
 async def serve_one(
-    app: Any, request: bytes = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", seconds: float = 0.0
+    app: Any,
+    request: bytes = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n",
+    seconds: float = 0.0,
+    transport: Recording | None = None,
 ) -> list[bytes]:
     """What the protocol sent for one request: the loop runs `seconds` (or a few turns)."""
     state = SimpleNamespace(connections=set(), tasks=set(), default_headers=[(b"date", b"today")], total_requests=0)
     config = SimpleNamespace(loaded=True, loaded_app=app)
     guard = EdgeGuard(EdgeLimits(), CollectorRegistry())
     protocol = H1ServerProtocol(config, state, {}, asyncio.get_running_loop(), guard=guard, defaults=DefaultHeaders())
-    transport = Recording()
+    transport = transport or Recording()
     protocol.connection_made(transport)
     protocol.data_received(request)
     if seconds:
@@ -129,3 +132,25 @@ async def test_respond_refuses_while_writes_are_paused_and_the_channel_falls_bac
     sends = await serve_one(paused, seconds=0.05)
     assert outcome == [False, (True, True, 200)]
     assert sends == [b"HTTP/1.1 200 OK\r\ndate: today\r\ncontent-length: 2\r\n\r\nok"]
+
+
+async def test_a_flushed_chunk_is_written_at_once_with_what_the_turn_queued() -> None:
+    """A relayed stream chunk (`Channel.body(..., flush=True)`) leaves during the send itself,
+    with the head queued before it; an unflushed one waits for the end of the turn."""
+    seen: list[list[bytes]] = []
+    transport = Recording()
+
+    async def relay(scope: Any, receive: Any, send: Any) -> None:
+        channel = Channel(send)
+        await channel.start(200, [])
+        await channel.body(b"role", more=True, flush=True)
+        seen.append(list(transport.sends))  # no loop turn since: written during the send
+        await channel.body(b"late", more=True)
+        seen.append(list(transport.sends))  # not yet: the end of the turn writes it
+        await channel.body(b"", more=False)
+
+    sends = await serve_one(relay, transport=transport)
+    head = seen[0][0]
+    assert len(seen[0]) == 1 and head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n4\r\nrole\r\n")
+    assert seen[1] == seen[0], "an unflushed chunk waits for the end of the loop's turn"
+    assert sends[1] == b"4\r\nlate\r\n0\r\n\r\n"

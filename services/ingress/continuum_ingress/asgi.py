@@ -31,6 +31,10 @@ _READ = frozenset(
     {b"authorization", b"x-api-key", b"content-length", b"anthropic-version", b"anthropic-beta", b"x-session-id"}
 ) | frozenset(_PASSTHROUGH)
 
+# A key of an `http.response.body` message that the ingress's own HTTP server reads (other ASGI
+# servers ignore it): write what the response has queued now, not at the end of the loop's turn.
+FLUSH = "continuum.flush"
+
 
 class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
@@ -135,10 +139,15 @@ class Channel:
         self.status = status
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
-    async def body(self, data: bytes, more: bool = False) -> None:
+    async def body(self, data: bytes, more: bool = False, *, flush: bool = False) -> None:
+        """`flush`: on the ingress's own server, written at once rather than at the end of the
+        loop's turn (a relayed stream's chunk, which nothing else in the turn joins)."""
         if not more:
             self.finishing = True
-        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+        message = {"type": "http.response.body", "body": data, "more_body": more}
+        if flush:
+            message[FLUSH] = True
+        await self._send(message)
 
     async def whole(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
         headers.append((b"content-length", str(len(data)).encode()))

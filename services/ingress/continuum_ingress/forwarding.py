@@ -12,7 +12,8 @@
   longer than `stream_idle_timeout_ms` ends the stream like any upstream failure.
 * Non-streamed answers are read whole and sent with a Content-Length. Streams are passed
   through chunk by chunk as they come off the socket (de-chunked by the parser, re-chunked by
-  uvicorn; nothing decoded or re-encoded, no added buffer); an upstream failure mid-stream ends
+  the server; nothing decoded or re-encoded, no added buffer), each written to the client
+  during its send rather than at the end of the loop's turn; an upstream failure mid-stream ends
   the stream with an in-band provider-shaped error event, since the status line is long gone.
 * The pool's live state (in-flight, EWMA latency, success window, circuit breaker) is updated
   for every attempt; a cancelled request (client gone) closes the upstream response, which
@@ -515,7 +516,9 @@ class Forwarder:
                 chunk = raw if translator is None else translator.chunk(raw)
                 if not chunk:
                     continue
-                await channel.body(chunk, more=True)
+                # Written now: the upstream read took everything buffered, so nothing else
+                # this turn would join it, and the turn's other work would only delay it.
+                await channel.body(chunk, more=True, flush=True)
                 if timed:  # the first chunk the client has: the stream stages end here
                     timed = False
                     self._stages(state)

@@ -11,6 +11,8 @@ import http
 import logging
 from typing import Any, Protocol
 
+from continuum_ingress.asgi import FLUSH
+
 log = logging.getLogger(__name__)
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -28,6 +30,7 @@ class Connection(Protocol):
     def body_taken(self, size: int) -> None: ...
     def default_headers(self) -> bytes: ...
     def write(self, data: bytes) -> None: ...
+    def flush(self) -> None: ...
     def response_complete(self, cycle: RequestCycle) -> None: ...
 
 
@@ -132,6 +135,8 @@ class RequestCycle:
         if kind != "http.response.body":
             raise RuntimeError(f"expected ASGI message 'http.response.body', got {kind!r}")
         self._body(message.get("body", b""), message.get("more_body", False))
+        if message.get(FLUSH):  # a relayed stream chunk: written now, not at the end of the turn
+            conn.flush()
 
     def respond(self, status: int, headers: Any, body: bytes) -> bool:
         """A whole response (its headers carry the Content-Length) in one call, as the two ASGI
