@@ -185,7 +185,8 @@ async def test_a_stream_without_a_first_token_in_time_is_retried_on_another_back
             elapsed = asyncio.get_running_loop().time() - started
             retries = await counter(c, "continuum_ingress_retries_total")
             attempts = await counter(c, "continuum_backend_requests_total")
-    assert r.status_code == 200 and r.headers["x-continuum-backend"] == "b"
+    # The head went out when a's came, before its first token; b's answer follows under it.
+    assert r.status_code == 200 and r.headers["x-continuum-backend"] == "a"
     assert r.text.endswith("data: [DONE]\n\n")
     assert '"content":"b"' in r.text and '"content":"a"' not in r.text  # one answer, b's alone
     assert elapsed < 2.5
@@ -196,6 +197,26 @@ async def test_a_stream_without_a_first_token_in_time_is_retried_on_another_back
             break
         await asyncio.sleep(0.05)
     assert a.cancelled == 1
+
+
+async def test_a_stream_no_backend_starts_ends_with_an_error_event_under_its_early_head() -> None:
+    """Both backends send their head at once and no first token in time: the client already
+    has a 200 head (sent when a's came), so the failure arrives in-band, in the provider's
+    shape, and the request is counted with the error's status."""
+    async with running_stubs("a", "b") as stubs:
+        for stub in stubs:
+            stub.stub.chunk_delay = 3.0
+        backends = stub_backends(stubs, first_byte_timeout_ms=300)
+        async with running_ingress({"backends": backends}) as ing, http(ing) as c:
+            r = await c.post("/v1/chat/completions", json=STREAM)
+            retries = await counter(c, "continuum_ingress_retries_total")
+            requests = await counter(c, "continuum_ingress_requests_total")
+    assert r.status_code == 200 and r.headers["x-continuum-backend"] == "a"
+    events = [line for line in r.text.splitlines() if line.startswith("data: ")]
+    assert len(events) == 1 and '"code":null' in events[0]
+    assert "sent no first token within 0.3s" in events[0] and '"type":"api_error"' in events[0]
+    assert retries['{reason="first_byte_timeout"}'] == 1
+    assert requests['{endpoint="chat_completions",status="5xx"}'] == 1  # the 504, though the head said 200
 
 
 async def test_a_stream_that_stalls_mid_way_ends_with_an_error_event_and_counts_a_failure() -> None:

@@ -40,6 +40,7 @@ from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import Api
+from continuum_ingress.protocol.errors import stream_error_event
 from continuum_ingress.protocol.requests import parse_request
 from continuum_ingress.request_trace import RequestTrace
 from continuum_ingress.snapshot import RouterSnapshot
@@ -118,7 +119,10 @@ class ForwardEndpoint:
                     await self._serve(state, snapshot, channel)
                 except RequestError as error:
                     if channel.started:
-                        raise
+                        # A stream's head went out before its first token, which never came
+                        # from any backend tried: the error goes in-band, as a broken stream's.
+                        await self._fail_stream(channel, api, error)
+                        return
                     if error.status == 503:
                         self.metrics.rejected(api.value, "no_backend")
                     await channel.error(api.error_style, error, info.request_id)
@@ -163,6 +167,14 @@ class ForwardEndpoint:
             lookup = await self.pipeline.lookup_cache(state)
             span.set_attribute("continuum.cache", "none" if lookup.status is CacheStatus.OFF else lookup.status.lower())
             return lookup
+
+    @staticmethod
+    async def _fail_stream(channel: Channel, api: Api, error: RequestError) -> None:
+        if channel.finishing:  # the body already ended: nothing can be added
+            return
+        await channel.body(stream_error_event(api.error_style, error.message), more=True)
+        await channel.body(b"")
+        channel.status = error.status  # what happened, for the metrics; the client saw the head's
 
     @staticmethod
     async def _replay(state: RequestState, cached: CachedResponse, channel: Channel) -> None:

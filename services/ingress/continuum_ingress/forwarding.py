@@ -7,9 +7,14 @@
   took out of rotation while the request waited for its first byte. A non-streamed read
   timeout is not retried (the generation may simply be slow; repeating it doubles the load),
   and nothing is retried once the upstream answered with a status below 500 and the client
-  had a byte.
-* A stream's head is sent to the client together with its first chunk; after that, a pause
-  longer than `stream_idle_timeout_ms` ends the stream like any upstream failure.
+  had a byte of its body.
+* A stream's head is sent to the client as soon as the backend's 2xx head came (engines send
+  it at once, before the prefill), so the client has read it by the time the first token
+  comes. No body byte has gone out yet, so the retries above still happen: the next backend's
+  answer follows under the same head (its `x-continuum-backend` names the backend that sent
+  the head). When no attempt brings a first chunk, the stream ends with an in-band error
+  event (`ForwardEndpoint`). After the first chunk, a pause longer than
+  `stream_idle_timeout_ms` ends the stream like any upstream failure.
 * Non-streamed answers are read whole and sent with a Content-Length. Streams are passed
   through chunk by chunk as they come off the socket (de-chunked by the parser, re-chunked by
   the server; nothing decoded or re-encoded, no added buffer), each written to the client
@@ -200,7 +205,7 @@ class Forwarder:
         state.sent_at, state.first_chunk_at = self.stage_clock(), 0.0
         try:
             response, first = await self._first_byte(
-                state, spec, backend, client=client, target=target, headers=headers, content=content
+                state, spec, backend, client=client, target=target, headers=headers, content=content, channel=channel
             )
             if first is not None:
                 state.first_chunk_at = self.stage_clock()
@@ -287,6 +292,7 @@ class Forwarder:
         target: str,
         headers: list[tuple[str, str]],
         content: bytes,
+        channel: Channel,
     ) -> tuple[UpstreamResponse, _FirstChunk | None]:
         """Send the attempt and wait for its first byte: the response head, and for a successful
         stream its first body chunk (engines send a stream's head at once and its first token
@@ -306,6 +312,10 @@ class Forwarder:
                         raise self._send_failed(exc, backend) from None
                     if not state.stream or response.status >= 300:
                         return response, None
+                    if not channel.started:
+                        # The head at once, as the engine sent it: the client has read it by
+                        # the time the first token comes, which then is all it waits for.
+                        await channel.start(response.status, _stream_headers(response, state, backend.name))
                     try:
                         return response, await _FirstChunk.read(response)
                     except BaseException:
@@ -504,9 +514,8 @@ class Forwarder:
         translator: ResponseTranslator | None,
         recorder: ResponseRecorder | None,
     ) -> None:
-        headers = response_headers(response.headers, state, backend.name)
-        headers.append((b"x-accel-buffering", b"no"))
-        await channel.start(response.status, headers)
+        if not channel.started:  # a head the backend sent with its first chunk
+            await channel.start(response.status, _stream_headers(response, state, backend.name))
         if state.prefill_tokens:
             backend.prefill_done(state.prefill_tokens)
             state.prefill_tokens = 0
@@ -560,6 +569,12 @@ class Forwarder:
         read = state.read_at or state.started  # a state built without the endpoint: no read stage
         sent, first = state.sent_at, state.first_chunk_at
         self.metrics.stream_stages(read - state.started, sent - read, first - sent, self.stage_clock() - first)
+
+
+def _stream_headers(response: UpstreamResponse, state: RequestState, backend: str) -> list[tuple[bytes, bytes]]:
+    headers = response_headers(response.headers, state, backend)
+    headers.append((b"x-accel-buffering", b"no"))
+    return headers
 
 
 def _makes_response_ids(state: RequestState, response: UpstreamResponse, translator: ResponseTranslator | None) -> bool:
