@@ -219,6 +219,22 @@ async def test_a_stream_no_backend_starts_ends_with_an_error_event_under_its_ear
     assert requests['{endpoint="chat_completions",status="5xx"}'] == 1  # the 504, though the head said 200
 
 
+async def test_a_retried_stream_answered_with_an_error_status_ends_in_band() -> None:
+    """a sends its head and misses the first token; b answers the retry 400. The client holds
+    a's 200 head, so b's refusal cannot be its status: the stream ends with an error event."""
+    async with running_stubs("a", "b") as stubs:
+        stubs[0].stub.chunk_delay = 3.0
+        stubs[1].stub.fail_next, stubs[1].stub.fail_status = 1, 400
+        backends = stub_backends(stubs, first_byte_timeout_ms=300)
+        async with running_ingress({"backends": backends}) as ing, http(ing) as c:
+            r = await c.post("/v1/chat/completions", json=STREAM)
+            again = await c.post("/v1/chat/completions", json=STREAM)  # the service keeps serving
+    assert r.status_code == 200 and r.headers["x-continuum-backend"] == "a"
+    events = [line for line in r.text.splitlines() if line.startswith("data: ")]
+    assert len(events) == 1 and "answered HTTP 400 to a retried stream" in events[0]
+    assert again.status_code == 200 and again.text.endswith("data: [DONE]\n\n")
+
+
 async def test_a_stream_that_stalls_mid_way_ends_with_an_error_event_and_counts_a_failure() -> None:
     async with running_stubs("a") as stubs:
         a = stubs[0].stub

@@ -262,6 +262,14 @@ class Forwarder:
         """The answer to the client: a 5xx retried, else streamed or whole."""
         if response.status >= 500:
             await self._server_error(response, backend)
+        if first is None and channel.started:  # an earlier attempt's stream head went out
+            self.metrics.backend(backend.name, "client_error")
+            raise RequestError(
+                502,
+                f"Backend '{backend.name}' answered HTTP {response.status} to a retried stream.",
+                kind="bad_gateway",
+                code="backend_error",
+            )
         backend.record_success(self.clock() - start)
         translator = dialect.translator(state.api, state.stream)
         if first is not None and self.affinity is not None and _makes_response_ids(state, response, translator):
