@@ -35,13 +35,14 @@ from continuum_ingress.cache.facade import CACHE_OFF, CacheLookup, CacheStatus
 from continuum_ingress.cache.protocol.entry import CachedResponse
 from continuum_ingress.config_holder import ConfigHolder
 from continuum_ingress.errors import RequestError
-from continuum_ingress.forwarding import Forwarder, response_headers
+from continuum_ingress.forwarding import Forwarder
 from continuum_ingress.metrics import IngressMetrics
 from continuum_ingress.pipeline import SelectionPipeline
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.errors import stream_error_event
 from continuum_ingress.protocol.requests import parse_request
+from continuum_ingress.relay import response_headers
 from continuum_ingress.request_trace import RequestTrace
 from continuum_ingress.snapshot import RouterSnapshot
 from continuum_ingress.state import RequestState

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -53,6 +53,7 @@ from continuum_ingress.protocol.dialects import (
 )
 from continuum_ingress.protocol.errors import stream_error_event
 from continuum_ingress.protocol.response_ids import not_found_here
+from continuum_ingress.relay import FirstChunk, response_headers, stream_headers, text_headers
 from continuum_ingress.request_trace import end_upstream
 from continuum_ingress.response_affinity import ResponseAffinity
 from continuum_ingress.snapshot import RouterSnapshot
@@ -68,21 +69,6 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # the first try and one retry
 MAX_ERROR_BODY = 64 * 1024  # how much of an upstream 5xx body is read before it is dropped
-_DROP_HEADERS = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"content-length",
-        b"date",
-        b"server",
-    }
-)
 
 
 class _Retryable(Exception):
@@ -90,23 +76,6 @@ class _Retryable(Exception):
         super().__init__(error.message)
         self.error = error
         self.reason = reason
-
-
-def relay_headers(upstream: list[tuple[bytes, bytes]], backend: str, request_id: str) -> list[tuple[bytes, bytes]]:
-    """An upstream answer's headers for the client: hop-by-hop and framing headers dropped, the
-    backend that answered and the request id added."""
-    out = [(k, v) for k, v in upstream if k not in _DROP_HEADERS]
-    out.append((b"x-continuum-backend", backend.encode()))
-    out.append((b"x-request-id", request_id.encode()))
-    return out
-
-
-def response_headers(
-    upstream: list[tuple[bytes, bytes]], state: RequestState, backend: str
-) -> list[tuple[bytes, bytes]]:
-    out = relay_headers(upstream, backend, state.request_id)
-    out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in state.cache_headers)
-    return out
 
 
 class Forwarder:
@@ -252,7 +221,7 @@ class Forwarder:
         backend: BackendState,
         response: UpstreamResponse,
         *,
-        first: _FirstChunk | None,
+        first: FirstChunk | None,
         preread: bytes | None,
         dialect: UpstreamDialect | DialectAttempt,
         channel: Channel,
@@ -301,7 +270,7 @@ class Forwarder:
         headers: list[tuple[str, str]],
         content: bytes,
         channel: Channel,
-    ) -> tuple[UpstreamResponse, _FirstChunk | None]:
+    ) -> tuple[UpstreamResponse, FirstChunk | None]:
         """Send the attempt and wait for its first byte: the response head, and for a successful
         stream its first body chunk (engines send a stream's head at once and its first token
         after the prefill). Nothing has reached the client yet, so a stream whose first chunk
@@ -323,9 +292,9 @@ class Forwarder:
                     if not channel.started:
                         # The head at once, as the engine sent it: the client has read it by
                         # the time the first token comes, which then is all it waits for.
-                        await channel.start(response.status, _stream_headers(response, state, backend.name))
+                        await channel.start(response.status, stream_headers(response, state, backend.name))
                     try:
-                        return response, await _FirstChunk.read(response)
+                        return response, await FirstChunk.read(response)
                     except BaseException:
                         await response.aclose()
                         raise
@@ -507,7 +476,7 @@ class Forwarder:
         if recorder is not None:
             if status < 300:
                 recorder.feed(data)
-                await recorder.commit(status, _text_headers(response.headers))
+                await recorder.commit(status, text_headers(response.headers))
             else:
                 recorder.abort()
 
@@ -517,13 +486,13 @@ class Forwarder:
         *,
         backend: BackendState,
         response: UpstreamResponse,
-        first: _FirstChunk,
+        first: FirstChunk,
         channel: Channel,
         translator: ResponseTranslator | None,
         recorder: ResponseRecorder | None,
     ) -> None:
         if not channel.started:  # a head the backend sent with its first chunk
-            await channel.start(response.status, _stream_headers(response, state, backend.name))
+            await channel.start(response.status, stream_headers(response, state, backend.name))
         if state.prefill_tokens:
             backend.prefill_done(state.prefill_tokens)
             state.prefill_tokens = 0
@@ -563,7 +532,7 @@ class Forwarder:
             # The client left (or the router is stopping) before the upstream's end: a stream
             # it closed on its terminal event is still a whole answer.
             if recorder is not None:
-                recorder.abandon(response.status, _text_headers(response.headers))
+                recorder.abandon(response.status, text_headers(response.headers))
             raise
         except BaseException:
             if recorder is not None:
@@ -571,7 +540,7 @@ class Forwarder:
             raise
         self.metrics.backend(backend.name, "success")
         if recorder is not None:
-            await recorder.commit(response.status, _text_headers(response.headers))
+            await recorder.commit(response.status, text_headers(response.headers))
 
     def _stages(self, state: RequestState) -> None:
         read = state.read_at or state.started  # a state built without the endpoint: no read stage
@@ -579,47 +548,7 @@ class Forwarder:
         self.metrics.stream_stages(read - state.started, sent - read, first - sent, self.stage_clock() - first)
 
 
-def _stream_headers(response: UpstreamResponse, state: RequestState, backend: str) -> list[tuple[bytes, bytes]]:
-    headers = response_headers(response.headers, state, backend)
-    headers.append((b"x-accel-buffering", b"no"))
-    return headers
-
-
 def _makes_response_ids(state: RequestState, response: UpstreamResponse, translator: ResponseTranslator | None) -> bool:
     """A successful Responses answer from a backend that speaks the Responses API itself (no
     translator): it made the response id the client will continue from."""
     return state.api is Api.RESPONSES and response.status < 300 and translator is None
-
-
-class _FirstChunk:
-    """A stream's first body chunk, read before the client's response starts, and the rest."""
-
-    __slots__ = ("_first", "_rest")
-
-    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes]) -> None:
-        self._first = first
-        self._rest = rest
-
-    @property
-    def first(self) -> bytes | None:
-        return self._first
-
-    @classmethod
-    async def read(cls, response: UpstreamResponse) -> _FirstChunk:
-        rest = response.stream()
-        try:
-            first: bytes | None = await anext(rest)
-        except StopAsyncIteration:
-            first = None  # a stream with an empty body
-        return cls(first, rest)
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        if self._first is None:
-            return
-        yield self._first
-        async for chunk in self._rest:
-            yield chunk
-
-
-def _text_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k not in _DROP_HEADERS]

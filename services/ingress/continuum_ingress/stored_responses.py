@@ -26,12 +26,12 @@ from starlette.routing import Route
 from continuum_ingress.asgi import RequestHeaders, read_headers
 from continuum_ingress.config_holder import ConfigHolder
 from continuum_ingress.errors import RequestError
-from continuum_ingress.forwarding import relay_headers
 from continuum_ingress.pool import BackendPool
 from continuum_ingress.protocol.apis import Api
 from continuum_ingress.protocol.dialects import AttemptDialect, UpstreamDialect
 from continuum_ingress.protocol.errors import ErrorStyle, error_body
 from continuum_ingress.protocol.response_ids import not_found_here
+from continuum_ingress.relay import relay_headers
 from continuum_ingress.response_affinity import ResponseAffinity
 from continuum_ingress.snapshot import RouterSnapshot
 from continuum_ingress.transport import UpstreamError, UpstreamResponse
