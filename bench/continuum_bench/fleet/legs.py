@@ -3,9 +3,9 @@
 The benchmark's client sends every request with an `x-request-id` and stamps its send and its
 first content on `time.monotonic()`; the simulated engines stamp the same requests on the same
 clock (CLOCK_MONOTONIC is one clock for every process of a host) when their handler began, when
-the body was read, when the stream's first chunk and its first content were handed to their HTTP server to be
-written (GET /sim/request-times).
-Joined by id, they split each request's TTFT into:
+the body was read, and when the stream's first chunk and its first content were handed to their
+HTTP server to be written (GET /sim/request-times). Joined by id, they split each request's TTFT
+into:
 
 * `to_engine`: the client's send to the engine's handler beginning: the client's own sending,
   the router's whole request path (reading, choosing, forwarding), and the time the request
@@ -17,7 +17,7 @@ Joined by id, they split each request's TTFT into:
   and the client's read.
 
 A router must pass the client's `x-request-id` on to the engine for its requests to be joined
-(Continuum and direct sends do; requests that were not joined are counted, not guessed).
+(Continuum, smg and direct sends do; requests that were not joined are counted, not guessed).
 """
 
 from __future__ import annotations
