@@ -491,8 +491,7 @@ class Forwarder:
         translator: ResponseTranslator | None,
         recorder: ResponseRecorder | None,
     ) -> None:
-        if not channel.started:  # a head the backend sent with its first chunk
-            await channel.start(response.status, stream_headers(response, state, backend.name))
+        # The head went out in _first_byte, before this first chunk was read.
         if state.prefill_tokens:
             backend.prefill_done(state.prefill_tokens)
             state.prefill_tokens = 0
