@@ -125,11 +125,12 @@ class Channel:
     """The response side of one request: records whether the response started and its status,
     and marks the final body message so the disconnect watch ignores the end of the request."""
 
-    __slots__ = ("_respond", "_send", "finishing", "started", "status")
+    __slots__ = ("_respond", "_send", "finishing", "relay", "started", "status")
 
-    def __init__(self, send: Send, respond: Respond | None = None) -> None:
+    def __init__(self, send: Send, respond: Respond | None = None, relay: Relay | None = None) -> None:
         self._send = send
         self._respond = respond
+        self.relay = relay  # the router's own server: chunks written from callbacks
         self.started = False
         self.finishing = False
         self.status = 0
@@ -183,6 +184,21 @@ class Respond(Protocol):
     False, with nothing sent, when it cannot (the caller then uses the ASGI `send`)."""
 
     def __call__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, /) -> bool: ...
+
+
+RELAY = "continuum.relay"
+"""Scope key under which the router's HTTP protocol puts a `Relay` for the request: a started
+streamed response's chunks written synchronously, from the upstream connection's callbacks."""
+
+
+class Relay(Protocol):
+    def relay_ready(self) -> bool:
+        """Whether `relay` may write now (the response started, the client is reading)."""
+        ...
+
+    def relay(self, data: bytes) -> None:
+        """Write one body chunk now, more to follow."""
+        ...
 
 
 DISCONNECT_HOOK = "continuum.disconnect"

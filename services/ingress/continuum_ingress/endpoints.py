@@ -21,6 +21,7 @@ from continuum_common.exposition import render
 from continuum_common.tracing import Tracing
 from continuum_ingress.asgi import (
     DISCONNECT_HOOK,
+    RELAY,
     RESPOND,
     Channel,
     ClientGone,
@@ -95,7 +96,7 @@ class ForwardEndpoint:
         started = self.clock()
         api = self.api
         info = read_headers(scope["headers"])
-        channel = Channel(send, scope.get(RESPOND))
+        channel = Channel(send, scope.get(RESPOND), scope.get(RELAY))
         snapshot = self.holder.acquire()
         rtrace = None if self.tracing is None else RequestTrace(self.tracing, api.value, scope["headers"])
         try:

@@ -30,13 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.trace import Span
 
 from continuum_common.config import Backend
-from continuum_ingress.asgi import Channel
+from continuum_ingress.asgi import Channel, Relay
 from continuum_ingress.cache.facade import CacheLookup, CacheStatus
 from continuum_ingress.deadline import Deadline
 from continuum_ingress.errors import NoBackend, RequestError
@@ -53,7 +53,7 @@ from continuum_ingress.protocol.dialects import (
 )
 from continuum_ingress.protocol.errors import stream_error_event
 from continuum_ingress.protocol.response_ids import not_found_here
-from continuum_ingress.relay import FirstChunk, response_headers, stream_headers, text_headers
+from continuum_ingress.relay import ChunkSink, FirstChunk, response_headers, stream_headers, text_headers
 from continuum_ingress.request_trace import end_upstream
 from continuum_ingress.response_affinity import ResponseAffinity
 from continuum_ingress.snapshot import RouterSnapshot
@@ -496,19 +496,23 @@ class Forwarder:
             backend.prefill_done(state.prefill_tokens)
             state.prefill_tokens = 0
         timed = state.first_chunk_at > 0.0
+        # After the first chunk the client has, the rest goes out from the upstream connection's
+        # callbacks while the client keeps up; this loop takes over whenever it does not.
+        pump = _pump_of(response, channel)
         try:
             async for raw in first.chunks():
                 chunk = raw if translator is None else translator.chunk(raw)
-                if not chunk:
-                    continue
-                # Written now: the upstream read took everything buffered, so nothing else
-                # this turn would join it, and the turn's other work would only delay it.
-                await channel.body(chunk, more=True, flush=True)
-                if timed:  # the first chunk the client has: the stream stages end here
-                    timed = False
-                    self._stages(state)
-                if recorder is not None:  # a copy, after the client has it: never a delay
-                    recorder.feed(chunk)
+                if chunk:
+                    # Written now: the upstream read took everything buffered, so nothing else
+                    # this turn would join it, and the turn's other work would only delay it.
+                    await channel.body(chunk, more=True, flush=True)
+                    if timed:  # the first chunk the client has: the stream stages end here
+                        timed = False
+                        self._stages(state)
+                    if recorder is not None:  # a copy, after the client has it: never a delay
+                        recorder.feed(chunk)
+                if pump is not None and not timed:
+                    await pump.pump(ChunkSink(pump.relay, translator, recorder))
             if translator is not None and (tail := translator.end()):
                 await channel.body(tail, more=True)
             await channel.body(b"")
@@ -545,6 +549,23 @@ class Forwarder:
         read = state.read_at or state.started  # a state built without the endpoint: no read stage
         sent, first = state.sent_at, state.first_chunk_at
         self.metrics.stream_stages(read - state.started, sent - read, first - sent, self.stage_clock() - first)
+
+
+class _Pump:
+    __slots__ = ("pump", "relay")
+
+    def __init__(self, pump: Callable[[ChunkSink], Awaitable[None]], relay: Relay) -> None:
+        self.pump = pump
+        self.relay = relay
+
+
+def _pump_of(response: UpstreamResponse, channel: Channel) -> _Pump | None:
+    """How to relay the rest of a stream from callbacks: both the client's server and the
+    upstream transport must support it (the router's own server and the h1 pool do)."""
+    pump = getattr(response, "pump", None)
+    if pump is None or channel.relay is None:
+        return None
+    return _Pump(pump, channel.relay)
 
 
 def _makes_response_ids(state: RequestState, response: UpstreamResponse, translator: ResponseTranslator | None) -> bool:

@@ -1,5 +1,6 @@
-"""Relaying an upstream answer: the headers the client gets, and a stream's first chunk read
-ahead of the client's response (continuum_ingress/forwarding.py sends them)."""
+"""Relaying an upstream answer: the headers the client gets, a stream's first chunk read
+ahead of the client's response, and the sink that writes the rest of a stream from the upstream
+connection's callbacks (continuum_ingress/forwarding.py uses them)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from continuum_ingress.asgi import Relay
+    from continuum_ingress.hooks import ResponseRecorder
+    from continuum_ingress.protocol.dialects import ResponseTranslator
     from continuum_ingress.state import RequestState
     from continuum_ingress.transport import UpstreamResponse
 
@@ -78,6 +82,31 @@ class FirstChunk:
         yield self._first
         async for chunk in self._rest:
             yield chunk
+
+
+class ChunkSink:
+    """A stream's chunks, from the upstream connection's callbacks (a transport's `pump`) to
+    the client: translated, written at once, then copied to the recorder, as the forwarder's
+    loop does for each chunk but without a coroutine waking. Refuses (False, nothing done)
+    while the client is not reading: the forwarder's loop then waits for it."""
+
+    __slots__ = ("_out", "_recorder", "_translator")
+
+    def __init__(self, out: Relay, translator: ResponseTranslator | None, recorder: ResponseRecorder | None) -> None:
+        self._out = out
+        self._translator = translator
+        self._recorder = recorder
+
+    def __call__(self, raw: bytes) -> bool:
+        out = self._out
+        if not out.relay_ready():
+            return False
+        chunk = raw if self._translator is None else self._translator.chunk(raw)
+        if chunk:
+            out.relay(chunk)
+            if self._recorder is not None:  # a copy, after the client has it
+                self._recorder.feed(chunk)
+        return True
 
 
 def text_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:

@@ -14,7 +14,9 @@ arrived; the body is then read as an async iterator (`UpstreamResponse.stream`).
   forwarding.py), around `request` and the first chunk.
 
 Closing a response before its end must close its connection (the backend sees the client go
-and stops generating). The hand-written HTTP/1.1 pool (adapters/h1.py) is the production
+and stops generating). A response may also offer `async pump(sink)`, handing its body to a
+synchronous `sink(chunk) -> bool` from the connection's callbacks (adapters/h1.Response.pump);
+the forwarder relays a stream through it when it can. The hand-written HTTP/1.1 pool (adapters/h1.py) is the production
 implementation; adapters/aiohttp_transport.py is a benchmark alternative.
 """
 

@@ -13,6 +13,8 @@ What it does, and all it does:
 * connect timeout, pool-wait timeout (= connect timeout), read timeout per wait for bytes;
 * response bodies as they arrive (Content-Length, chunked - de-chunked by llhttp - or until
   close), with flow control: past 1 MiB buffered the socket stops being read;
+* or handed to a sink from the connection's own callbacks (`Response.pump`): a relayed
+  stream's chunks go out without a coroutine waking for each;
 * closing a response before its end closes the connection (the server sees the disconnect:
   vLLM aborts the generation);
 * a request that fails on a *reused* connection before any response byte arrived (the server
@@ -25,7 +27,7 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,9 +52,12 @@ class _Connection(asyncio.Protocol):
         "headers",
         "headers_done",
         "keep_alive",
+        "last_rx",
         "last_used",
         "loop",
         "parser",
+        "sink",
+        "sink_error",
         "status",
         "transport",
     )
@@ -77,6 +82,10 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.error: UpstreamError | None = None
         self.got_bytes = False
+        # While a Response pumps: where body chunks go as they are parsed (see Response.pump)
+        self.sink: Callable[[bytes], bool] | None = None
+        self.sink_error: Exception | None = None
+        self.last_rx = 0.0
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -84,13 +93,18 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        pumping = self.sink is not None
+        if pumping:
+            self.last_rx = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(Disconnected(f"invalid HTTP response: {exc}"))
             self.close()
             return
-        self._wake()
+        # A pump's task wakes only for what the sink cannot take: the end, or a refusal
+        if not pumping or self.sink is None or self.complete:
+            self._wake()
 
     def eof_received(self) -> bool | None:
         return False  # close our side too; connection_lost follows
@@ -118,6 +132,16 @@ class _Connection(asyncio.Protocol):
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            try:
+                if sink(body):
+                    return
+            except Exception as exc:  # raised in the pumping task, not into the parser
+                self.sink_error = exc
+                self.sink = None
+                return
+            self.sink = None  # refused: kept from here on, for the task to go on with
         self._chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self._paused and self.transport is not None:
@@ -220,9 +244,10 @@ class Outbox:
 
 
 class Response:
-    """One upstream response. Iterate `stream()` or call `read()`, then always `aclose()`."""
+    """One upstream response. Iterate `stream()` or call `read()` (a stream may `pump()` part
+    of its body first), then always `aclose()`."""
 
-    __slots__ = ("_conn", "_done", "_pool", "headers", "read_timeout", "status")
+    __slots__ = ("_conn", "_done", "_idle_timer", "_pool", "headers", "read_timeout", "status")
 
     def __init__(self, pool: H1Pool, conn: _Connection, timeout: float) -> None:
         self._pool = pool
@@ -231,6 +256,7 @@ class Response:
         # lowers it to the stream-idle timeout once the first chunk arrived).
         self.read_timeout = timeout
         self._done = False
+        self._idle_timer: asyncio.TimerHandle | None = None
         self.status = conn.status
         self.headers = conn.headers
 
@@ -246,6 +272,50 @@ class Response:
             if conn.error is not None:
                 raise conn.error
             await conn.wait(self.read_timeout)
+
+    async def pump(self, sink: Callable[[bytes], bool]) -> None:
+        """Hand the body to `sink` as it arrives, from the connection's callbacks: no coroutine
+        wakes per chunk (a relayed stream's hundreds of chunks each cost a task step, a future
+        and a timer otherwise). `sink(chunk)` returns False, having done nothing, when it cannot
+        take `chunk` now (the client is not reading): that chunk and the rest stay buffered,
+        with flow control, and this returns; so it does at the body's end, where `stream()`
+        then ends at once. Raises what `stream()` would (ReadTimeout after `read_timeout`
+        seconds without bytes, Disconnected), and what `sink` raised."""
+        conn = self._conn
+        while conn._chunks:  # arrived before the pump started
+            data = conn.take()
+            if not sink(data):
+                conn._chunks.appendleft(data)
+                conn.buffered += len(data)
+                return
+        if conn.complete or conn.error is not None:
+            return  # stream() reports them
+        loop = conn.loop
+        conn.sink, conn.sink_error, conn.last_rx = sink, None, loop.time()
+        self._idle_timer = loop.call_at(conn.last_rx + self.read_timeout, self._idle_check)
+        try:
+            while conn.sink is not None and not conn.complete and conn.error is None:
+                waiter = conn._waiter = loop.create_future()
+                await waiter
+            if conn.sink_error is not None:
+                raise conn.sink_error
+        finally:
+            conn.sink = None
+            conn._waiter = None
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+
+    def _idle_check(self) -> None:
+        """One timer per read timeout while pumping, rather than one per chunk."""
+        conn = self._conn
+        due = conn.last_rx + self.read_timeout
+        if conn.loop.time() < due:
+            self._idle_timer = conn.loop.call_at(due, self._idle_check)
+            return
+        self._idle_timer = None
+        conn._fail(ReadTimeout("no answer from the server within the read timeout"))
+        conn._wake()
 
     async def stream(self) -> AsyncIterator[bytes]:
         while (chunk := await self._next_chunk()) is not None:

@@ -149,6 +149,17 @@ class RequestCycle:
             self._body(body, False)
         return True
 
+    # -- a relayed stream's chunks, from the upstream connection's callbacks (asgi.Relay) ----
+    def relay_ready(self) -> bool:
+        """Whether `relay` may write now: the response has started, is not complete, and the
+        client is there and reading."""
+        return self.started and not self.complete and not self.disconnected and not self.conn.write_paused
+
+    def relay(self, data: bytes) -> None:
+        """A body chunk of a started response, more to follow, written at once."""
+        self._body(data, True)
+        self.conn.flush()
+
     def _start(self, status: int, headers: Any) -> None:
         self.conn.write(self._head(status, headers))
         self.started = True

@@ -47,7 +47,7 @@ from typing import Any
 import httptools
 
 from continuum_ingress.adapters.h1_cycle import STATUS_LINES, RequestCycle
-from continuum_ingress.asgi import DISCONNECT_HOOK, RESPOND, DisconnectHook
+from continuum_ingress.asgi import DISCONNECT_HOOK, RELAY, RESPOND, DisconnectHook
 from continuum_ingress.edge import LINGER_S, EdgeGuard, edge_error
 
 log = logging.getLogger(__name__)
@@ -265,6 +265,7 @@ class H1ServerProtocol(asyncio.Protocol):
         scope = self._scope(parser.get_method(), version)
         cycle = RequestCycle(self, scope, version != "1.0" and parser.should_keep_alive(), self._expect)
         scope[RESPOND] = cycle.respond
+        scope[RELAY] = cycle
         current = self.cycle
         if current is None or current.complete:
             self._start(cycle)
