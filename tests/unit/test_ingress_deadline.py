@@ -78,3 +78,24 @@ async def test_an_error_inside_the_section_passes_through() -> None:
     assert not deadline.expired()
     await asyncio.sleep(0.01)
     assert task.cancelling() == 0
+
+
+async def test_a_disarmed_deadline_neither_fires_nor_can_be_expired() -> None:
+    task = _task()
+    with Deadline(task, task.get_loop().time() + 0.02) as deadline:
+        assert deadline.disarm()
+        await asyncio.sleep(0.05)  # past the deadline: still running
+        deadline.expire()  # the health checker's call: does nothing now
+        await asyncio.sleep(0)
+    assert not deadline.expired()
+    assert task.cancelling() == 0
+
+
+async def test_a_deadline_that_expired_cannot_be_disarmed() -> None:
+    task = _task()
+    deadline = Deadline(task, None)
+    with pytest.raises(TimeoutError), deadline:
+        deadline.expire()
+        assert not deadline.disarm()
+        await asyncio.sleep(5)
+    assert deadline.expired()

@@ -56,5 +56,16 @@ class Deadline:
             self._expired = True
             self._task.cancel()
 
+    def disarm(self) -> bool:
+        """Make the rest of the section safe from the deadline (what it waited for has come,
+        and something already acted on it). False, with nothing changed, once it expired."""
+        if self._expired:
+            return False
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._inside = False  # expire() does nothing from here on
+        return True
+
     def expired(self) -> bool:
         return self._expired

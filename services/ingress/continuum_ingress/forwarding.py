@@ -53,7 +53,14 @@ from continuum_ingress.protocol.dialects import (
 )
 from continuum_ingress.protocol.errors import stream_error_event
 from continuum_ingress.protocol.response_ids import not_found_here
-from continuum_ingress.relay import ChunkSink, FirstChunk, response_headers, stream_headers, text_headers
+from continuum_ingress.relay import (
+    ChunkSink,
+    FirstChunk,
+    FirstChunkSink,
+    response_headers,
+    stream_headers,
+    text_headers,
+)
 from continuum_ingress.request_trace import end_upstream
 from continuum_ingress.response_affinity import ResponseAffinity
 from continuum_ingress.snapshot import RouterSnapshot
@@ -174,10 +181,11 @@ class Forwarder:
         state.sent_at, state.first_chunk_at = self.stage_clock(), 0.0
         try:
             response, first = await self._first_byte(
-                state, spec, backend, client=client, target=target, headers=headers, content=content, channel=channel
-            )
+                state, spec, backend, client=client, target=target, headers=headers, content=content,
+                channel=channel, dialect=dialect,
+            )  # fmt: skip
             if first is not None:
-                state.first_chunk_at = self.stage_clock()
+                state.first_chunk_at = first.arrived_at or self.stage_clock()
             status = response.status
             try:
                 preread: bytes | None = None
@@ -240,7 +248,8 @@ class Forwarder:
                 code="backend_error",
             )
         backend.record_success(self.clock() - start)
-        translator = dialect.translator(state.api, state.stream)
+        # a stream's translator was made for its first chunk (which may already have gone out)
+        translator = dialect.translator(state.api, state.stream) if first is None else first.translator
         if first is not None and self.affinity is not None and _makes_response_ids(state, response, translator):
             self.affinity.learn_stream(backend.name, first.first)
         if translator is None and response.status < 300:
@@ -270,6 +279,7 @@ class Forwarder:
         headers: list[tuple[str, str]],
         content: bytes,
         channel: Channel,
+        dialect: UpstreamDialect | DialectAttempt,
     ) -> tuple[UpstreamResponse, FirstChunk | None]:
         """Send the attempt and wait for its first byte: the response head, and for a successful
         stream its first body chunk (engines send a stream's head at once and its first token
@@ -294,7 +304,7 @@ class Forwarder:
                         # the time the first token comes, which then is all it waits for.
                         await channel.start(response.status, stream_headers(response, state, backend.name))
                     try:
-                        return response, await FirstChunk.read(response)
+                        return response, await self._first_chunk(state, response, channel, dialect, deadline)
                     except BaseException:
                         await response.aclose()
                         raise
@@ -326,6 +336,29 @@ class Forwarder:
                 502, f"Backend '{backend.name}' broke off its answer ({exc}).", kind="bad_gateway", code="backend_error"
             )
             raise _Retryable(error, "stream_error") from None
+
+    async def _first_chunk(
+        self,
+        state: RequestState,
+        response: UpstreamResponse,
+        channel: Channel,
+        dialect: UpstreamDialect | DialectAttempt,
+        deadline: Deadline,
+    ) -> FirstChunk:
+        """A successful stream's first chunk. Written to the client from the upstream
+        connection's callback the moment it arrives when both ends allow it (no wait for this
+        task to wake: the loop may have a turn's work queued before it); else read here and
+        written by _stream."""
+        own = dialect.translator(state.api, state.stream)
+        pump = _pump_of(response, channel)
+        if pump is not None:
+            translator = own or state.extras.get(ANSWER_FILTER)
+            sink = FirstChunkSink(pump.relay, translator, deadline, self.stage_clock)
+            await pump.pump(sink, once=True)
+            first = sink.first_chunk(response.stream(), own)
+            if first is not None:
+                return first
+        return await FirstChunk.read(response, own)
 
     def _prepare(
         self, state: RequestState, spec: Backend, client: Upstream
@@ -499,10 +532,18 @@ class Forwarder:
         # After the first chunk the client has, the rest goes out from the upstream connection's
         # callbacks while the client keeps up; this loop takes over whenever it does not.
         pump = _pump_of(response, channel)
+        sent = first.sent
         try:
             async for raw in first.chunks():
-                chunk = raw if translator is None else translator.chunk(raw)
-                if chunk:
+                if sent is not None:  # the first chunk went out from the callback: the rest of its work
+                    if sent:
+                        if timed:
+                            timed = False
+                            self._stages(state, first.written_at)
+                        if recorder is not None:
+                            recorder.feed(sent)
+                    sent = None
+                elif chunk := (raw if translator is None else translator.chunk(raw)):
                     # Written now: the upstream read took everything buffered, so nothing else
                     # this turn would join it, and the turn's other work would only delay it.
                     await channel.body(chunk, more=True, flush=True)
@@ -545,16 +586,17 @@ class Forwarder:
         if recorder is not None:
             await recorder.commit(response.status, text_headers(response.headers))
 
-    def _stages(self, state: RequestState) -> None:
+    def _stages(self, state: RequestState, written_at: float = 0.0) -> None:
         read = state.read_at or state.started  # a state built without the endpoint: no read stage
         sent, first = state.sent_at, state.first_chunk_at
-        self.metrics.stream_stages(read - state.started, sent - read, first - sent, self.stage_clock() - first)
+        end = written_at or self.stage_clock()
+        self.metrics.stream_stages(read - state.started, sent - read, first - sent, end - first)
 
 
 class _Pump:
     __slots__ = ("pump", "relay")
 
-    def __init__(self, pump: Callable[[ChunkSink], Awaitable[None]], relay: Relay) -> None:
+    def __init__(self, pump: Callable[..., Awaitable[None]], relay: Relay) -> None:
         self.pump = pump
         self.relay = relay
 

@@ -4,8 +4,8 @@ connection's callbacks (continuum_ingress/forwarding.py uses them)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from continuum_ingress.asgi import Relay
@@ -55,26 +55,44 @@ def stream_headers(response: UpstreamResponse, state: RequestState, backend: str
 
 
 class FirstChunk:
-    """A stream's first body chunk, read before the client's response starts, and the rest."""
+    """A stream's first body chunk, read before the client's response starts, and the rest.
 
-    __slots__ = ("_first", "_rest")
+    `translator` is the backend dialect's translator for this answer (None when the dialect
+    has none); `sent` is what the first chunk became for the client when it was already written
+    from the upstream connection's callback (None when the forwarder writes it), with the stage
+    clock's times of its arrival and of the end of its write."""
 
-    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes]) -> None:
+    __slots__ = ("_first", "_rest", "arrived_at", "sent", "translator", "written_at")
+
+    def __init__(
+        self,
+        first: bytes | None,
+        rest: AsyncIterator[bytes],
+        translator: ResponseTranslator | None = None,
+        *,
+        sent: bytes | None = None,
+        arrived_at: float = 0.0,
+        written_at: float = 0.0,
+    ) -> None:
         self._first = first
         self._rest = rest
+        self.translator = translator
+        self.sent = sent
+        self.arrived_at = arrived_at
+        self.written_at = written_at
 
     @property
     def first(self) -> bytes | None:
         return self._first
 
     @classmethod
-    async def read(cls, response: UpstreamResponse) -> FirstChunk:
+    async def read(cls, response: UpstreamResponse, translator: ResponseTranslator | None = None) -> FirstChunk:
         rest = response.stream()
         try:
             first: bytes | None = await anext(rest)
         except StopAsyncIteration:
             first = None  # a stream with an empty body
-        return cls(first, rest)
+        return cls(first, rest, translator)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         if self._first is None:
@@ -82,6 +100,50 @@ class FirstChunk:
         yield self._first
         async for chunk in self._rest:
             yield chunk
+
+
+class FirstChunkSink:
+    """A stream's first chunk, written to the client from the upstream connection's callback
+    the moment it is parsed (a transport's `pump(sink, once=True)`), instead of after the
+    request's task has woken. Takes it only while the first-byte deadline can still be
+    disarmed (once it has expired the forwarder is retrying, and nothing may reach the
+    client) and the client is reading; keeps what the task still has to do with it."""
+
+    __slots__ = ("_clock", "_deadline", "_out", "_translator", "arrived_at", "raw", "sent", "written_at")
+
+    def __init__(
+        self, out: Relay, translator: ResponseTranslator | None, deadline: Disarmable, clock: Callable[[], float]
+    ) -> None:
+        self._out = out
+        self._translator = translator
+        self._deadline = deadline
+        self._clock = clock
+        self.raw: bytes | None = None
+        self.sent = b""
+        self.arrived_at = self.written_at = 0.0
+
+    def __call__(self, raw: bytes) -> bool:
+        if not self._out.relay_ready() or not self._deadline.disarm():
+            return False
+        self.arrived_at = self._clock()
+        chunk = raw if self._translator is None else self._translator.chunk(raw)
+        if chunk:
+            self._out.relay(chunk)
+        self.written_at = self._clock()
+        self.raw, self.sent = raw, chunk
+        return True
+
+    def first_chunk(self, rest: AsyncIterator[bytes], translator: ResponseTranslator | None) -> FirstChunk | None:
+        """The FirstChunk for the forwarder once this took one, else None."""
+        if self.raw is None:
+            return None
+        return FirstChunk(
+            self.raw, rest, translator, sent=self.sent, arrived_at=self.arrived_at, written_at=self.written_at
+        )
+
+
+class Disarmable(Protocol):
+    def disarm(self) -> bool: ...
 
 
 class ChunkSink:

@@ -58,6 +58,7 @@ class _Connection(asyncio.Protocol):
         "parser",
         "sink",
         "sink_error",
+        "sink_once",
         "status",
         "transport",
     )
@@ -85,6 +86,7 @@ class _Connection(asyncio.Protocol):
         # While a Response pumps: where body chunks go as they are parsed (see Response.pump)
         self.sink: Callable[[bytes], bool] | None = None
         self.sink_error: Exception | None = None
+        self.sink_once = False  # detach the sink after the first chunk it takes
         self.last_rx = 0.0
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -136,6 +138,8 @@ class _Connection(asyncio.Protocol):
         if sink is not None:
             try:
                 if sink(body):
+                    if self.sink_once:
+                        self.sink = None  # later chunks wait here; the task is woken
                     return
             except Exception as exc:  # raised in the pumping task, not into the parser
                 self.sink_error = exc
@@ -273,14 +277,15 @@ class Response:
                 raise conn.error
             await conn.wait(self.read_timeout)
 
-    async def pump(self, sink: Callable[[bytes], bool]) -> None:
+    async def pump(self, sink: Callable[[bytes], bool], *, once: bool = False) -> None:
         """Hand the body to `sink` as it arrives, from the connection's callbacks: no coroutine
         wakes per chunk (a relayed stream's hundreds of chunks each cost a task step, a future
         and a timer otherwise). `sink(chunk)` returns False, having done nothing, when it cannot
         take `chunk` now (the client is not reading): that chunk and the rest stay buffered,
         with flow control, and this returns; so it does at the body's end, where `stream()`
-        then ends at once. Raises what `stream()` would (ReadTimeout after `read_timeout`
-        seconds without bytes, Disconnected), and what `sink` raised."""
+        then ends at once. With `once`, returns after the first chunk `sink` took. Raises what
+        `stream()` would (ReadTimeout after `read_timeout` seconds without bytes,
+        Disconnected), and what `sink` raised."""
         conn = self._conn
         while conn._chunks:  # arrived before the pump started
             data = conn.take()
@@ -288,10 +293,12 @@ class Response:
                 conn._chunks.appendleft(data)
                 conn.buffered += len(data)
                 return
+            if once:
+                return
         if conn.complete or conn.error is not None:
             return  # stream() reports them
         loop = conn.loop
-        conn.sink, conn.sink_error, conn.last_rx = sink, None, loop.time()
+        conn.sink, conn.sink_error, conn.sink_once, conn.last_rx = sink, None, once, loop.time()
         self._idle_timer = loop.call_at(conn.last_rx + self.read_timeout, self._idle_check)
         try:
             while conn.sink is not None and not conn.complete and conn.error is None:
@@ -301,6 +308,7 @@ class Response:
                 raise conn.sink_error
         finally:
             conn.sink = None
+            conn.sink_once = False
             conn._waiter = None
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
