@@ -256,3 +256,28 @@ async def test_a_slow_client_gets_every_byte_of_a_large_stream_in_order(monkeypa
     assert numbers == list(range(600))  # every event, once, in order
     assert text.count(b"x" * 16_000) == 600
     assert refused > 0  # the slow client made the callback path hand over to the loop
+
+
+async def test_the_chunks_of_one_read_reach_the_sink_as_one_piece() -> None:
+    """A backend that writes many events at once: one write to the client for the lot, as the
+    task's reads join them, not one per event."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(chunked_head() + frame(CHUNKS[0]))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"".join(frame(part) for part in CHUNKS[1:]) + b"0\r\n\r\n")  # all the rest in one write
+        await writer.drain()
+
+    async with raw_server(handler) as (url, _):
+        p = pool(url)
+        r = await p.request("POST", "/v1/chat/completions", [], b"{}")
+        first = await anext(r.stream())
+        got: list[bytes] = []
+        await r.pump(lambda chunk: got.append(chunk) is None)
+        assert [chunk async for chunk in r.stream()] == []
+        await r.aclose()
+        await p.aclose()
+    assert first + b"".join(got) == b"".join(CHUNKS)
+    assert len(got) <= 2  # one read (two if the kernel split the write)

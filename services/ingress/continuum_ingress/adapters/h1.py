@@ -104,6 +104,8 @@ class _Connection(asyncio.Protocol):
             self._fail(Disconnected(f"invalid HTTP response: {exc}"))
             self.close()
             return
+        if pumping and self._chunks:
+            self._to_sink()
         # A pump's task wakes only for what the sink cannot take: the end, or a refusal
         if not pumping or self.sink is None or self.complete:
             self._wake()
@@ -134,18 +136,6 @@ class _Connection(asyncio.Protocol):
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
-        sink = self.sink
-        if sink is not None:
-            try:
-                if sink(body):
-                    if self.sink_once:
-                        self.sink = None  # later chunks wait here; the task is woken
-                    return
-            except Exception as exc:  # raised in the pumping task, not into the parser
-                self.sink_error = exc
-                self.sink = None
-                return
-            self.sink = None  # refused: kept from here on, for the task to go on with
         self._chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self._paused and self.transport is not None:
@@ -155,6 +145,25 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
+
+    def _to_sink(self) -> None:
+        """What one read brought, in one piece, to the pump's sink: one write to the client
+        for a read's worth of chunks, as the task's `take()` joins them."""
+        sink = self.sink
+        assert sink is not None
+        data = self.take()
+        try:
+            taken = sink(data)
+        except Exception as exc:  # raised in the pumping task, not here
+            self.sink_error = exc
+            self.sink = None
+            return
+        if not taken:  # kept, with what follows, for the task to go on with
+            self._chunks.appendleft(data)
+            self.buffered += len(data)
+            self.sink = None
+        elif self.sink_once:
+            self.sink = None
 
     # -- helpers ----------------------------------------------------------------------------
     def _has_length(self) -> bool:
