@@ -30,13 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.trace import Span
 
 from continuum_common.config import Backend
-from continuum_ingress.asgi import Channel, Relay
+from continuum_ingress.asgi import Channel
 from continuum_ingress.cache.facade import CacheLookup, CacheStatus
 from continuum_ingress.deadline import Deadline
 from continuum_ingress.errors import NoBackend, RequestError
@@ -56,7 +56,8 @@ from continuum_ingress.protocol.response_ids import not_found_here
 from continuum_ingress.relay import (
     ChunkSink,
     FirstChunk,
-    FirstChunkSink,
+    pump_of,
+    read_first_chunk,
     response_headers,
     stream_headers,
     text_headers,
@@ -303,8 +304,13 @@ class Forwarder:
                         # The head at once, as the engine sent it: the client has read it by
                         # the time the first token comes, which then is all it waits for.
                         await channel.start(response.status, stream_headers(response, state, backend.name))
+                    own = dialect.translator(state.api, state.stream)
+                    filtered = own or state.extras.get(ANSWER_FILTER)
                     try:
-                        return response, await self._first_chunk(state, response, channel, dialect, deadline)
+                        first = await read_first_chunk(
+                            response, channel, own=own, translator=filtered, deadline=deadline, clock=self.stage_clock
+                        )
+                        return response, first
                     except BaseException:
                         await response.aclose()
                         raise
@@ -336,29 +342,6 @@ class Forwarder:
                 502, f"Backend '{backend.name}' broke off its answer ({exc}).", kind="bad_gateway", code="backend_error"
             )
             raise _Retryable(error, "stream_error") from None
-
-    async def _first_chunk(
-        self,
-        state: RequestState,
-        response: UpstreamResponse,
-        channel: Channel,
-        dialect: UpstreamDialect | DialectAttempt,
-        deadline: Deadline,
-    ) -> FirstChunk:
-        """A successful stream's first chunk. Written to the client from the upstream
-        connection's callback the moment it arrives when both ends allow it (no wait for this
-        task to wake: the loop may have a turn's work queued before it); else read here and
-        written by _stream."""
-        own = dialect.translator(state.api, state.stream)
-        pump = _pump_of(response, channel)
-        if pump is not None:
-            translator = own or state.extras.get(ANSWER_FILTER)
-            sink = FirstChunkSink(pump.relay, translator, deadline, self.stage_clock)
-            await pump.pump(sink, once=True)
-            first = sink.first_chunk(response.stream(), own)
-            if first is not None:
-                return first
-        return await FirstChunk.read(response, own)
 
     def _prepare(
         self, state: RequestState, spec: Backend, client: Upstream
@@ -531,17 +514,12 @@ class Forwarder:
         timed = state.first_chunk_at > 0.0
         # After the first chunk the client has, the rest goes out from the upstream connection's
         # callbacks while the client keeps up; this loop takes over whenever it does not.
-        pump = _pump_of(response, channel)
+        pump = pump_of(response, channel)
         sent = first.sent
         try:
             async for raw in first.chunks():
                 if sent is not None:  # the first chunk went out from the callback: the rest of its work
-                    if sent:
-                        if timed:
-                            timed = False
-                            self._stages(state, first.written_at)
-                        if recorder is not None:
-                            recorder.feed(sent)
+                    timed = self._first_sent(state, first, recorder, timed)
                     sent = None
                 elif chunk := (raw if translator is None else translator.chunk(raw)):
                     # Written now: the upstream read took everything buffered, so nothing else
@@ -558,19 +536,9 @@ class Forwarder:
                 await channel.body(tail, more=True)
             await channel.body(b"")
         except UpstreamError as exc:
-            backend.record_failure(self.clock())
-            idle = isinstance(exc, ReadTimeout)
-            self.metrics.backend(backend.name, "timeout" if idle else "stream_error")
-            log.warning("backend %s broke off a stream: %s (request %s)", backend.name, exc, state.request_id)
             if recorder is not None:
                 recorder.abort()
-            message = (
-                f"Backend '{backend.name}' sent nothing for {response.read_timeout:g}s mid-stream."
-                if idle
-                else f"Backend '{backend.name}' broke off the stream ({type(exc).__name__})."
-            )
-            await channel.body(stream_error_event(state.api.error_style, message), more=True)
-            await channel.body(b"")
+            await self._broken(state, backend, response, channel, exc)
             return
         except asyncio.CancelledError:
             # The client left (or the router is stopping) before the upstream's end: a stream
@@ -586,28 +554,46 @@ class Forwarder:
         if recorder is not None:
             await recorder.commit(response.status, text_headers(response.headers))
 
+    def _first_sent(
+        self, state: RequestState, first: FirstChunk, recorder: ResponseRecorder | None, timed: bool
+    ) -> bool:
+        """The rest of the work on a first chunk the upstream callback wrote: its stages and
+        the recorder's copy. Returns whether the stages are still to be timed (it was empty)."""
+        if first.sent:
+            if timed:
+                timed = False
+                self._stages(state, first.written_at)
+            if recorder is not None:
+                recorder.feed(first.sent)
+        return timed
+
+    async def _broken(
+        self,
+        state: RequestState,
+        backend: BackendState,
+        response: UpstreamResponse,
+        channel: Channel,
+        exc: UpstreamError,
+    ) -> None:
+        """A stream the backend broke off (or let go idle) after it started: counted, and
+        ended with an in-band error event in the API's shape."""
+        backend.record_failure(self.clock())
+        idle = isinstance(exc, ReadTimeout)
+        self.metrics.backend(backend.name, "timeout" if idle else "stream_error")
+        log.warning("backend %s broke off a stream: %s (request %s)", backend.name, exc, state.request_id)
+        message = (
+            f"Backend '{backend.name}' sent nothing for {response.read_timeout:g}s mid-stream."
+            if idle
+            else f"Backend '{backend.name}' broke off the stream ({type(exc).__name__})."
+        )
+        await channel.body(stream_error_event(state.api.error_style, message), more=True)
+        await channel.body(b"")
+
     def _stages(self, state: RequestState, written_at: float = 0.0) -> None:
         read = state.read_at or state.started  # a state built without the endpoint: no read stage
         sent, first = state.sent_at, state.first_chunk_at
         end = written_at or self.stage_clock()
         self.metrics.stream_stages(read - state.started, sent - read, first - sent, end - first)
-
-
-class _Pump:
-    __slots__ = ("pump", "relay")
-
-    def __init__(self, pump: Callable[..., Awaitable[None]], relay: Relay) -> None:
-        self.pump = pump
-        self.relay = relay
-
-
-def _pump_of(response: UpstreamResponse, channel: Channel) -> _Pump | None:
-    """How to relay the rest of a stream from callbacks: both the client's server and the
-    upstream transport must support it (the router's own server and the h1 pool do)."""
-    pump = getattr(response, "pump", None)
-    if pump is None or channel.relay is None:
-        return None
-    return _Pump(pump, channel.relay)
 
 
 def _makes_response_ids(state: RequestState, response: UpstreamResponse, translator: ResponseTranslator | None) -> bool:

@@ -4,11 +4,11 @@ connection's callbacks (continuum_ingress/forwarding.py uses them)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from continuum_ingress.asgi import Relay
+    from continuum_ingress.asgi import Channel, Relay
     from continuum_ingress.hooks import ResponseRecorder
     from continuum_ingress.protocol.dialects import ResponseTranslator
     from continuum_ingress.state import RequestState
@@ -142,8 +142,52 @@ class FirstChunkSink:
         )
 
 
+async def read_first_chunk(
+    response: UpstreamResponse,
+    channel: Channel,
+    *,
+    own: ResponseTranslator | None,
+    translator: ResponseTranslator | None,
+    deadline: Disarmable,
+    clock: Callable[[], float],
+) -> FirstChunk:
+    """A successful stream's first chunk. Written to the client from the upstream connection's
+    callback the moment it arrives when both ends allow it: no wait for the request's task to
+    wake, which may find a whole turn of the loop's work queued before it. Else read here, for
+    the forwarder to write. `own` is the dialect's translator, `translator` what the chunk goes
+    through (the dialect's, or a filter of the answer)."""
+    pump = pump_of(response, channel)
+    if pump is not None:
+        sink = FirstChunkSink(pump.relay, translator, deadline, clock)
+        await pump.pump(sink, once=True)
+        first = sink.first_chunk(response.stream(), own)
+        if first is not None:
+            return first
+    return await FirstChunk.read(response, own)
+
+
 class Disarmable(Protocol):
     def disarm(self) -> bool: ...
+
+
+class Pump:
+    """A response's `pump` and the client's `Relay`, when both ends have them."""
+
+    __slots__ = ("pump", "relay")
+
+    def __init__(self, pump: Callable[..., Awaitable[None]], relay: Relay) -> None:
+        self.pump = pump
+        self.relay = relay
+
+
+def pump_of(response: UpstreamResponse, channel: Channel) -> Pump | None:
+    """How to relay a stream from the upstream connection's callbacks: both the client's
+    server and the upstream transport must support it (the router's own server and the h1
+    pool do), else None."""
+    pump = getattr(response, "pump", None)
+    if pump is None or channel.relay is None:
+        return None
+    return Pump(pump, channel.relay)
 
 
 class ChunkSink:
