@@ -296,7 +296,7 @@ class Response:
         `stream()` would (ReadTimeout after `read_timeout` seconds without bytes,
         Disconnected), and what `sink` raised."""
         conn = self._conn
-        while conn._chunks:  # arrived before the pump started
+        if conn._chunks:  # arrived before the pump started (take() joins them)
             data = conn.take()
             if not sink(data):
                 conn._chunks.appendleft(data)
