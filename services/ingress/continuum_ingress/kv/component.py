@@ -226,6 +226,7 @@ class KvRouting:
             history_replicas=self.config.bus.stream.replicas,
             on_restored=self._restored,
             on_replayed=self._replayed,
+            on_duplicate=self.metrics.history_duplicates.inc,
         )
         self.decisions = share
         if share.history is None:

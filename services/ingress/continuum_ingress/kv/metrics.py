@@ -113,6 +113,12 @@ class KvScorerMetrics:
             ["kind"],
             registry=r,
         )
+        self.history_duplicates = Counter(
+            "continuum_kv_route_history_duplicates",
+            "Messages other replicas published while this process started its route history "
+            "replay, delivered both live and by the replay: the second copy, not applied",
+            registry=r,
+        )
         self.history_replays = Counter(
             "continuum_kv_route_history_replays",
             "Replays of the route history when this process started, by result (done, timeout, "

@@ -11,7 +11,9 @@ recognised by their subject and skipped without decoding.
 With `history` (kv/adapters/route_history.py) both subjects are also kept in a JetStream stream:
 `run()` makes sure it exists, subscribes, and then, beside publishing, replays what the stream
 held into `on_restored` (decisions, to be applied with their age, and tokenizations); `on_replayed`
-is told how it ended (`done`, `timeout`, `failed`) and how many messages it handed on.
+is told how it ended (`done`, `timeout`, `failed`) and how many messages it handed on. What
+other replicas publish while the replay starts arrives both ways and is handed on once
+(kv/replay_overlap.py); `on_duplicate` is told of each copy skipped.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from continuum_common.wire.decisions import (
     tokenized_subject_for,
 )
 from continuum_ingress.kv.adapters.route_history import ensure_history_stream, replay_history
+from continuum_ingress.kv.replay_overlap import ReplayOverlap
 
 log = logging.getLogger("continuum.ingress.kv")
 
@@ -65,6 +68,7 @@ class DecisionShare:
         history_replicas: int = 1,
         on_restored: Callable[[Decision | Tokenized], None] | None = None,
         on_replayed: Callable[[str, int], None] | None = None,
+        on_duplicate: Callable[[], None] | None = None,
     ) -> None:
         self.nc = nc
         self.replica = replica
@@ -79,6 +83,8 @@ class DecisionShare:
         self.history_replicas = history_replicas
         self.on_restored = on_restored
         self.on_replayed = on_replayed or (lambda result, handed: None)
+        self.on_duplicate = on_duplicate or (lambda: None)
+        self.overlap = ReplayOverlap()
         self.sent = 0
         self.received = 0
 
@@ -107,7 +113,10 @@ class DecisionShare:
         try:
             async with asyncio.TaskGroup() as tasks:
                 if history:
-                    await self.nc.flush()  # the subscriptions are in place: the replay ends where they begin
+                    # the subscriptions are in place: the replay reads up to (a little past) where
+                    # they begin, and the overlap hands what both deliver on once
+                    await self.nc.flush()
+                    self.overlap.start()
                     tasks.create_task(self._replay())
                 await self._publish()
         finally:
@@ -147,6 +156,12 @@ class DecisionShare:
         return True
 
     async def _replay(self) -> None:
+        try:
+            await self._replay_history()
+        finally:
+            self.overlap.done()
+
+    async def _replay_history(self) -> None:
         assert self.history is not None
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -174,9 +189,9 @@ class DecisionShare:
             return
         message: Decision | Tokenized | None
         if subject.startswith(SUBJECT_PREFIX):
-            message = self._decode_payload(subject, payload, self.subject, decode_decision)
+            message = self._decode_payload(subject, payload, self.subject, decode_decision, replayed=True)
         elif self.on_tokenized is not None:
-            message = self._decode_payload(subject, payload, self.tokenized_subject, decode_tokenized)
+            message = self._decode_payload(subject, payload, self.tokenized_subject, decode_tokenized, replayed=True)
         else:
             return
         if message is not None:
@@ -195,10 +210,16 @@ class DecisionShare:
     def _decode(self, msg: Msg, own_subject: str, decode: Callable[[bytes], M]) -> M | None:
         return self._decode_payload(msg.subject, msg.data, own_subject, decode)
 
-    def _decode_payload(self, subject: str, data: bytes, own_subject: str, decode: Callable[[bytes], M]) -> M | None:
-        """Another replica's message, or None for our own echo and for what cannot be decoded
-        (counted)."""
+    def _decode_payload(
+        self, subject: str, data: bytes, own_subject: str, decode: Callable[[bytes], M], *, replayed: bool = False
+    ) -> M | None:
+        """Another replica's message, or None for our own echo, for a copy of one already handed
+        on (live and replayed) and for what cannot be decoded (counted)."""
         if subject == own_subject:
+            return None
+        fresh = self.overlap.replayed(subject, data) if replayed else self.overlap.live(subject, data)
+        if not fresh:
+            self.on_duplicate()
             return None
         try:
             message = decode(data)

@@ -10,8 +10,8 @@ engines for again on the requests' path.
 
 A starting process subscribes to the live subjects first, then reads the stream up to the last
 sequence it had once that subscription was in place, with an ephemeral consumer that acks
-nothing; what came after arrives live. A message stored in the moment between the two can come
-both ways: applying it twice costs one request's worth of demand, once.
+nothing; what came after arrives live. A message stored in the moment between the two comes
+both ways; the caller applies it once (kv/replay_overlap.py).
 """
 
 from __future__ import annotations
