@@ -183,6 +183,9 @@ def test_resident_blocks_keep_their_order_and_bound() -> None:
     assert resident.restate() == [BlocksStored([3, 4], 2, 16, 0), BlocksStored([2], 1, 16, 0)]
     resident.apply([BlocksRemoved([3], 0), AllCleared(), BlocksStored([7], None, 32, 0)])
     assert resident.restate() == [BlocksStored([7], None, 32, 0)]
+    # a batch that overflows by several blocks forgets that many, the oldest first
+    resident.apply([BlocksStored([8, 9, 10, 11], 7, 32, 0)])
+    assert resident.forgotten == 3 and resident.restate() == [BlocksStored([9, 10, 11], 8, 32, 0)]
 
 
 def test_configuration_rules() -> None:

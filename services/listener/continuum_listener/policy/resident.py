@@ -14,6 +14,7 @@ learns of blocks the engine stored).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from continuum_common.wire.kv import AllCleared, BlockEvent, BlocksRemoved, BlocksStored
@@ -27,8 +28,13 @@ class ResidentBlocks:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.forgotten = 0
-        # (tier, hash) -> (parent hash or None, tokens per block), in store order
-        self._blocks: dict[_Key, tuple[int | None, int]] = {}
+        # (tier, hash) -> (parent hash or None, tokens per block), in store order. An
+        # OrderedDict, not a dict: once the engine holds more than `capacity`, every batch
+        # forgets its oldest entries, and a dict finds its oldest key only by scanning past the
+        # slots of the keys removed before it. A 50-block batch at 100,000 tracked blocks costs
+        # 18 µs this way against 790 µs copying a dict's keys to find them; below capacity it
+        # costs about 6 µs more than a dict (bench: continuum_bench.listener_resident).
+        self._blocks: OrderedDict[_Key, tuple[int | None, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -50,8 +56,8 @@ class ResidentBlocks:
                 blocks.clear()
         excess = len(blocks) - self.capacity
         if excess > 0:
-            for key in list(blocks)[:excess]:
-                del blocks[key]
+            for _ in range(excess):
+                blocks.popitem(last=False)
             self.forgotten += excess
 
     def restate(self) -> list[BlockEvent]:
