@@ -34,7 +34,8 @@ class ReplayOverlap:
         self._replayed_order: deque[int] = deque()
 
     def start(self) -> None:
-        """The replay is about to read the stream (the live subscription is already in place)."""
+        """A replay will read the stream: call it before subscribing to the live subjects, or
+        what arrives live in between is not remembered and comes a second time in the replay."""
         self.replaying = True
 
     def done(self) -> None:

@@ -107,6 +107,8 @@ class DecisionShare:
         """Subscribe, then publish queued messages until cancelled (NATS must be connected);
         with `history`, the stream's replay runs beside."""
         history = self.history is not None and await self._ensure_history()
+        if history:  # before subscribing: what comes live from the first message on is remembered
+            self.overlap.start()
         self._subs.append(await self.nc.subscribe(SUBJECT_WILDCARD, cb=self._received))
         if self.on_tokenized is not None:
             self._subs.append(await self.nc.subscribe(TOKENIZED_WILDCARD, cb=self._received_tokenized))
@@ -116,7 +118,6 @@ class DecisionShare:
                     # the subscriptions are in place: the replay reads up to (a little past) where
                     # they begin, and the overlap hands what both deliver on once
                     await self.nc.flush()
-                    self.overlap.start()
                     tasks.create_task(self._replay())
                 await self._publish()
         finally:
