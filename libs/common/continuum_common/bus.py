@@ -33,11 +33,14 @@ def tls_context(cfg: Bus) -> ssl.SSLContext | None:
     return ctx
 
 
-def connect_options(cfg: Bus, *, url: str | None = None, name: str) -> dict[str, Any]:
-    """nats.connect() keyword arguments for `cfg`; secrets are read here, never logged."""
+def connect_options(cfg: Bus, *, url: str | None = None, name: str, no_echo: bool = False) -> dict[str, Any]:
+    """nats.connect() keyword arguments for `cfg`; secrets are read here, never logged.
+    `no_echo`: the server does not deliver this connection's own messages to its own
+    subscriptions (for a client that only skips them)."""
     options: dict[str, Any] = {
         "servers": [u.strip() for u in (url or cfg.url).split(",")],
         "name": name,
+        "no_echo": no_echo,
         "connect_timeout": cfg.connect_timeout_ms / 1000,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,

@@ -2,6 +2,11 @@
 the KV routing component (indexer admin, listener heartbeats, the embedded index's feed,
 routing decisions), the load reports between replicas and the Gemini context cache's client.
 
+Nothing in the process listens for what it publishes itself (its decisions, tokenizations and
+load reports are for the other replicas), so the connection asks the server not to echo them
+back: without that, each would come back to this process, wake it and be decoded only to be
+skipped.
+
 The composition root (app.py) owns it as the first component, so it is closed last, after its
 users. It connects in the background with the shared options of continuum_common.bus
 (reconnect for ever, bounded pending buffer, credentials and TLS from `bus`): an ingress starts
@@ -47,7 +52,7 @@ async def connect_client(nc: NatsClient, cfg: Bus, *, url: str | None, name: str
         return None
 
     await nc.connect(
-        **connect_options(cfg, url=url, name=name),
+        **connect_options(cfg, url=url, name=name, no_echo=True),
         error_cb=_error,
         disconnected_cb=_noop,
         reconnected_cb=_reconnected,
