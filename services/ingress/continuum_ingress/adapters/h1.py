@@ -159,8 +159,7 @@ class _Connection(asyncio.Protocol):
             self.sink = None
             return
         if not taken:  # kept, with what follows, for the task to go on with
-            self._chunks.appendleft(data)
-            self.buffered += len(data)
+            self.untake(data)
             self.sink = None
         elif self.sink_once:
             self.sink = None
@@ -202,6 +201,11 @@ class _Connection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
         return data
+
+    def untake(self, data: bytes) -> None:
+        """Put back what `take()` gave and a sink refused: first in line again."""
+        self._chunks.appendleft(data)
+        self.buffered += len(data)
 
     def close(self) -> None:
         self.closed = True
@@ -299,8 +303,7 @@ class Response:
         if conn._chunks:  # arrived before the pump started (take() joins them)
             data = conn.take()
             if not sink(data):
-                conn._chunks.appendleft(data)
-                conn.buffered += len(data)
+                conn.untake(data)
                 return
             if once:
                 return
